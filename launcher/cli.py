@@ -1,0 +1,133 @@
+"""The command line: parse arguments, call recipe/render/slurm, print, pick the exit code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional
+
+from . import __version__
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, RecipeError
+
+EPILOG = """\
+Overrides use Hydra's grammar, e.g.  cluster.nodes=4  wandb.experiment=try2
+verl.overrides.trainer.total_epochs=2  +verl.overrides.data.seed=7
+
+Exit codes: 0 ok, 1 a Slurm command failed, 2 bad input (nothing written, nothing queued).
+The W&B key is read from $WANDB_API_KEY or wandb.api_key_file; it is never written anywhere.
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="verl-launch",
+        description="Render, check and submit VERL runs (Ray + Weave tracing) to Slurm.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"verl-launch {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def recipe_cmd(name: str, help: str) -> argparse.ArgumentParser:
+        c = sub.add_parser(name, help=help, description=help, epilog=EPILOG,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        c.add_argument("recipe", metavar="RECIPE", help="recipe YAML file")
+        c.add_argument("overrides", metavar="OVERRIDE", nargs="*", help="Hydra override, key=value")
+        return c
+
+    recipe_cmd("render", "print the sbatch script a recipe renders to")
+    recipe_cmd("check", "validate a recipe and show what would run (exit 0 valid, 2 invalid)")
+    s = recipe_cmd("submit", "write a run directory and submit the script with sbatch")
+    s.add_argument("--dry-run", action="store_true",
+                   help="print the exact command and script; write and submit nothing")
+    s.add_argument("--json", action="store_true", help="print one JSON object (job_id, run_dir, script, stdout, ...)")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return {"render": cmd_render, "check": cmd_check, "submit": cmd_submit}[args.command](args)
+    except RecipeError as e:
+        return _fail(f"error: {e}", EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _fail(message: str, code: int) -> int:
+    from .secrets import redact
+
+    print(redact(message), file=sys.stderr)
+    return code
+
+
+def _load(args):
+    from .recipe import load
+
+    return load(args.recipe, args.overrides)
+
+
+def cmd_render(args) -> int:
+    from .render import render
+
+    sys.stdout.write(render(_load(args).recipe))
+    return 0
+
+
+def cmd_check(args) -> int:
+    from .overrides import verl_args
+    from .secrets import find_key, needs_key
+
+    r = _load(args).recipe
+    c = r.cluster
+    print(f"recipe      {r.source}")
+    print(f"job         {r.job.name}: {c.nodes} node(s) x {c.gpus_per_node} GPU(s), "
+          f"{c.cpus_per_task} CPUs per node")
+    print(f"entrypoint  {r.runtime.python} -m {r.verl.entrypoint}")
+    print(f"W&B         project={r.wandb.project} entity={r.wandb.entity or '(key default)'} "
+          f"experiment={r.experiment} logging={'on' if r.wandb.enabled else 'off'}")
+    print(f"trace       backend={r.trace.backend} token2text={r.trace.token2text} "
+          f"max_samples_per_step_per_worker={r.trace.max_samples_per_step_per_worker}")
+    if needs_key(r):
+        src = find_key(r, os.environ)
+        print(f"W&B key     {src.where if src else 'MISSING: export WANDB_API_KEY or set wandb.api_key_file'}")
+    print("verl args")
+    for a in verl_args(r):
+        print(f"  {a}")
+    print("ok")
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from .secrets import require_key
+    from .slurm import SlurmError, plan, schedule
+
+    loaded = _load(args)
+    require_key(loaded.recipe, os.environ)
+    req = plan(loaded)
+    if args.dry_run:
+        if args.json:
+            print(json.dumps({"dry_run": True, "command": str(req), "run_dir": str(req.paths.run_dir),
+                              "script": req.script}))
+        else:
+            print(f"# would run: {req}")
+            sys.stdout.write(req.script)
+        return 0
+    try:
+        done = schedule(req)
+    except SlurmError as e:
+        return _fail(f"error: {e}", EXIT_FAILED)
+    info = done.as_dict()
+    if args.json:
+        print(json.dumps(info))
+    else:
+        print(f"Submitted batch job {done.job_id}")
+        print(f"  run dir  {info['run_dir']}")
+        print(f"  script   {info['script']}")
+        print(f"  output   {info['stdout']}")
+        print(f"  ray logs {info['logs']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

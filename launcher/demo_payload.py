@@ -1,0 +1,102 @@
+"""The sandbox demo's driver: what the job gave it, seen from every Ray node. It does not train.
+
+Run by the rendered script in place of ``verl.trainer.main_ppo``, with the same argv (verl's
+Hydra overrides) and ``RAY_ADDRESS``. It parses the argv with Hydra's own override parser,
+runs one task on every Ray node and one per GPU, reports the W&B settings each node's
+processes see (the key only as present/absent and a short digest), writes
+``demo-report.json`` into the run directory, and exits non-zero if the cluster does not
+match ``trainer.nnodes`` x ``trainer.n_gpus_per_node``. ``+demo.exit_code=N`` makes it exit N
+after reporting (to show a failing entrypoint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+
+WANDB_VARS = ("WANDB_PROJECT", "WANDB_NAME", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_RUN_ID", "WANDB_RESUME")
+
+
+def what_i_see() -> dict:
+    key = os.environ.get("WANDB_API_KEY", "")
+    return {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "wandb_api_key": {"present": bool(key),
+                          "sha256_12": hashlib.sha256(key.encode()).hexdigest()[:12] if key else None},
+        **{v: os.environ.get(v) for v in WANDB_VARS},
+    }
+
+
+def parse_argv(argv: list) -> dict:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(argv)
+    return {o.key_or_group: o.value() for o in parsed}
+
+
+def main(argv: list) -> int:
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    overrides = parse_argv(argv)
+    address = os.environ["RAY_ADDRESS"]
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+
+    @ray.remote(num_cpus=0)
+    def on_node():
+        return dict(what_i_see(), ip=ray.util.get_node_ip_address())
+
+    @ray.remote(num_gpus=1, num_cpus=0)
+    def on_gpu():
+        return socket.gethostname(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+    seen = ray.get([on_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+                    for n in nodes])
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    gpu_tasks = sorted(ray.get([on_gpu.remote() for _ in range(gpus)]))
+    report = {
+        "ray_address": address,
+        "argv": argv,
+        "overrides": overrides,
+        "driver": what_i_see(),
+        "nodes": sorted(seen, key=lambda s: s["hostname"]),
+        "cluster_gpus": gpus,
+        "gpu_tasks": gpu_tasks,
+    }
+    with open("demo-report.json", "w") as f:
+        json.dump(report, f, indent=2, default=str)
+    ray.shutdown()
+
+    print(f"verl-launch sandbox demo: Ray at {address}, {len(seen)} node(s), {gpus} GPU(s)")
+    for s in report["nodes"]:
+        key = "WANDB_API_KEY present" if s["wandb_api_key"]["present"] else "WANDB_API_KEY MISSING"
+        print(f"  {s['hostname']:<8} {s['ip']:<16} {key}, project={s['WANDB_PROJECT']} "
+              f"experiment={s['WANDB_NAME']} run_id={s['WANDB_RUN_ID']}")
+    print(f"  GPU tasks ran on: {', '.join(f'{h}[{c}]' for h, c in gpu_tasks)}")
+    print("  verl overrides received:")
+    for a in argv:
+        print(f"    {a}")
+
+    want_nodes = overrides.get("trainer.nnodes")
+    want_gpus = (want_nodes or 0) * (overrides.get("trainer.n_gpus_per_node") or 0)
+    if len(seen) != want_nodes or gpus != want_gpus:
+        print(f"ERROR: Ray has {len(seen)} nodes / {gpus} GPUs, verl was told "
+              f"{want_nodes} x {overrides.get('trainer.n_gpus_per_node')}", file=sys.stderr)
+        return 1
+    missing = [s["hostname"] for s in seen if not s["wandb_api_key"]["present"]]
+    if missing:
+        print(f"ERROR: WANDB_API_KEY missing on {', '.join(missing)}", file=sys.stderr)
+        return 1
+    code = int(overrides.get("demo.exit_code", 0))
+    if code:
+        print(f"exiting {code} as asked (demo.exit_code)", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

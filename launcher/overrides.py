@@ -1,0 +1,127 @@
+"""verl's command line: the recipe's passthrough overrides plus the ones the launcher derives.
+
+Every value is written in Hydra's override grammar here (the one place), so that a string
+reaches verl's config as the same string; the shell quoting happens later, in render.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Dict, List, Tuple
+
+from .errors import RecipeError
+from .recipe import Recipe
+
+TRACE = "actor_rollout_ref.rollout.trace"
+
+
+def derived(r: Recipe) -> Dict[str, Tuple[Any, str]]:
+    """Derived verl keys -> (value, the recipe field a user should change instead)."""
+    d: Dict[str, Tuple[Any, str]] = {
+        "actor_rollout_ref.rollout.mode": ("async", "(always async)"),
+        f"{TRACE}.backend": (None if r.trace.backend == "none" else r.trace.backend, "trace.backend"),
+    }
+    if r.trace.backend != "none":
+        d[f"{TRACE}.token2text"] = (r.trace.token2text, "trace.token2text")
+        d[f"{TRACE}.max_samples_per_step_per_worker"] = (
+            r.trace.max_samples_per_step_per_worker, "trace.max_samples_per_step_per_worker")
+    if r.wandb.project:
+        d["trainer.project_name"] = (r.wandb.project, "wandb.project")
+    d["trainer.experiment_name"] = (r.experiment, "wandb.experiment")
+    d["trainer.logger"] = (["console", "wandb"] if r.wandb.enabled else ["console"], "wandb.enabled")
+    d["trainer.nnodes"] = (r.cluster.nodes, "cluster.nodes")
+    d["trainer.n_gpus_per_node"] = (r.cluster.gpus_per_node, "cluster.gpus_per_node")
+    return d
+
+
+def flatten(overrides: Dict[str, Any], blame=lambda key: "recipe") -> Dict[str, Any]:
+    """{'trainer': {'total_epochs': 2}, 'data.x': 1} -> {'trainer.total_epochs': 2, 'data.x': 1}."""
+    flat: Dict[str, Any] = {}
+
+    def walk(d: Dict[str, Any], prefix: str) -> None:
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, dict) and v:
+                walk(v, key + ".")
+            elif _plain(key) in {_plain(x) for x in flat}:
+                raise RecipeError("set twice (nested and dotted)", where=blame(f"verl.overrides.{key}"),
+                                  key=f"verl.overrides.{key}")
+            else:
+                flat[key] = v
+
+    walk(overrides, "")
+    return flat
+
+
+def _plain(key: str) -> str:
+    return key.lstrip("+")
+
+
+def verl_args(r: Recipe, blame=lambda key: "recipe") -> List[str]:
+    """The full, ordered verl override list: the recipe's own, then the derived ones."""
+    user = flatten(r.verl.overrides, blame)
+    der = derived(r)
+    args = []
+    for key, value in user.items():
+        plain = _plain(key)
+        if plain in der:
+            want, field = der[plain]
+            if hydra_value(value) != hydra_value(want):
+                raise RecipeError(
+                    f"contradicts the launcher's derived value {hydra_value(want)} "
+                    f"(from {field}); set {field} instead",
+                    where=blame(f"verl.overrides.{key}"), key=f"verl.overrides.{key}")
+            continue  # same value: the derived one is emitted below
+        args.append(f"{key}={hydra_value(value)}")
+    args.extend(f"{key}={hydra_value(value)}" for key, (value, _) in der.items())
+    return args
+
+
+# ----------------------------------------------------------------------------- Hydra grammar
+_BARE = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./-]*$")
+_KEYWORDS = {"null", "true", "false", "inf", "nan", "infinity"}
+
+
+def hydra_value(v: Any) -> str:
+    """Write a Python value in Hydra's override grammar so that it parses back to itself."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{hydra_value(str(k))}:{hydra_value(x)}" for k, x in v.items()) + "}"
+    s = str(v)
+    if _BARE.match(s) and s.lower() not in _KEYWORDS:
+        return s  # reads back as the same string unquoted: keep the command line legible
+    return _quote(s)
+
+
+def _quote(s: str) -> str:
+    """Single-quote for Hydra: escape quotes, and double backslashes that precede a quote
+    or the closing quote (Hydra's rule); other backslashes are literal."""
+    out = []
+    i = 0
+    while i < len(s):
+        j = i
+        while j < len(s) and s[j] == "\\":
+            j += 1
+        run = j - i
+        if run:
+            at_quote_or_end = j == len(s) or s[j] == "'"
+            out.append("\\" * (run * 2 if at_quote_or_end else run))
+            i = j
+            continue
+        out.append("\\'" if s[i] == "'" else s[i])
+        i += 1
+    return "'" + "".join(out) + "'"

@@ -1,0 +1,297 @@
+"""The recipe: a typed schema, composed with Hydra, validated with errors naming file and field.
+
+A recipe is a YAML file composed by Hydra's compose API: its ``defaults`` list may pull
+shipped groups (``cluster/<profile>``, found next to the recipe first, then in the
+package's ``recipes/``), and command-line overrides use Hydra's grammar.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .errors import RecipeError
+from .resources import shipped_recipes_dir
+
+TRACE_BACKENDS = ("weave", "mlflow", "none")
+
+
+# ----------------------------------------------------------------------------- schema
+@dataclass
+class Job:
+    name: str = MISSING
+
+
+@dataclass
+class Cluster:
+    nodes: int = 1
+    gpus_per_node: int = 8
+    cpus_per_task: int = 32
+    mem: Optional[str] = None  # sbatch --mem, e.g. "0" (all) or "512G"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time: Optional[str] = None  # sbatch --time, e.g. "04:00:00" or "2-00:00:00"
+    constraint: Optional[str] = None
+    exclusive: bool = False
+    sbatch_args: List[str] = field(default_factory=list)  # extra directives, "--opt=value"
+    ready_timeout: int = 600  # seconds for every node and GPU to join Ray
+    object_store_memory: Optional[int] = None  # bytes per node; Ray's default when null
+
+
+@dataclass
+class Runtime:
+    setup: List[str] = field(default_factory=list)  # trusted shell, run on every node
+    python: str = "python3"
+
+
+@dataclass
+class Wandb:
+    enabled: bool = True  # trainer.logger gets 'wandb'
+    project: Optional[str] = None
+    experiment: Optional[str] = None  # defaults to job.name
+    entity: Optional[str] = None
+    base_url: Optional[str] = None
+    api_key_file: Optional[str] = None  # read inside the job; must be on the nodes
+
+
+@dataclass
+class Trace:
+    backend: str = "weave"
+    token2text: bool = True
+    max_samples_per_step_per_worker: Optional[int] = None  # null: every sample
+
+
+@dataclass
+class Verl:
+    entrypoint: str = "verl.trainer.main_ppo"
+    overrides: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Paths:
+    runs: str = "~/verl-launch/runs"  # shared storage on a real cluster
+
+
+@dataclass
+class Recipe:
+    job: Job = field(default_factory=Job)
+    cluster: Cluster = field(default_factory=Cluster)
+    runtime: Runtime = field(default_factory=Runtime)
+    env: Dict[str, str] = field(default_factory=dict)
+    wandb: Wandb = field(default_factory=Wandb)
+    trace: Trace = field(default_factory=Trace)
+    verl: Verl = field(default_factory=Verl)
+    paths: Paths = field(default_factory=Paths)
+
+    # Not part of the YAML: where it came from, for messages and the run record.
+    source: str = field(default="<recipe>", metadata={"internal": True})
+
+    @property
+    def experiment(self) -> str:
+        return self.wandb.experiment or self.job.name
+
+
+# ----------------------------------------------------------------------------- loading
+@dataclass
+class Loaded:
+    recipe: Recipe
+    config: DictConfig  # the composed, validated config (for the run directory)
+
+
+def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
+    """Compose ``path`` with ``overrides``, validate it, and return the typed recipe."""
+    path = Path(path)
+    where = str(path)
+    if not path.is_file():
+        raise RecipeError("recipe file not found", where=where)
+    if path.suffix != ".yaml":
+        raise RecipeError("a recipe must be a .yaml file (Hydra composes only .yaml)", where=where)
+    overrides = list(overrides)
+    for ov in overrides:
+        if ov.split("=", 1)[0].lstrip("+~").startswith("hydra"):
+            raise RecipeError(f"override '{ov}': hydra.* keys are the launcher's", where="command line")
+    cfg = _compose(path, overrides)
+    blame = _blamer(where, overrides)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(Recipe), cfg)
+    except OmegaConfBaseException as e:
+        key = e.full_key or None
+        raise RecipeError(_omegaconf_message(e), where=blame(key), key=key) from None
+    if "source" in cfg:
+        raise RecipeError("unknown key", where=where, key="source")
+    # Interpolations resolve here, verl.overrides included; write \${...} for one meant for
+    # verl's own config (e.g. \${trainer.project_name}).
+    try:
+        recipe: Recipe = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = e.full_key or None
+        raise RecipeError(_omegaconf_message(e), where=blame(key), key=key) from None
+    recipe.source = str(path.resolve())
+    validate(recipe, blame)
+    from .overrides import verl_args  # a contradicting override is an error of the recipe
+
+    verl_args(recipe, blame)
+    return Loaded(recipe=recipe, config=merged)
+
+
+def _compose(path: Path, overrides: List[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    search = f"hydra.searchpath=[{_hydra_str('file://' + str(shipped_recipes_dir()))}]"
+    try:
+        with warnings.catch_warnings():
+            # A recipe without `_self_` gets it last (its own values win): what users expect.
+            warnings.filterwarnings("ignore", message=".*Defaults list is missing `_self_`")
+            with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base="1.3",
+                                       job_name="verl-launch"):
+                return compose(config_name=path.stem, overrides=[search, *overrides])
+    except HydraException as e:
+        msg = str(e).split("\nSee https://hydra.cc")[0]
+        where = "command line" if _mentions_override(msg, overrides) else str(path)
+        raise RecipeError(msg.replace("\n", " ").strip(), where=where) from None
+    except (OmegaConfBaseException, ValueError) as e:  # e.g. YAML syntax errors
+        raise RecipeError(str(e).replace("\n", " ").strip(), where=str(path)) from None
+
+
+def _mentions_override(msg: str, overrides: List[str]) -> bool:
+    return any(ov in msg or ov.split("=", 1)[0].lstrip("+~") in msg for ov in overrides)
+
+
+def _blamer(recipe_file: str, overrides: List[str]):
+    """Map a dotted key to where it was set: the command line if an override touched it."""
+    touched = [ov.split("=", 1)[0].lstrip("+~") for ov in overrides]
+
+    def blame(key: Optional[str]) -> str:
+        if key:
+            for t in touched:
+                if key == t or key.startswith(t + ".") or t.startswith(key + "."):
+                    return "command line"
+        return recipe_file
+
+    return blame
+
+
+def _omegaconf_message(e: OmegaConfBaseException) -> str:
+    msg = str(e).split("\n")[0]
+    if "not in" in msg or "Key '" in msg and "not" in msg:
+        return f"unknown key ({msg})"
+    return msg
+
+
+def _hydra_str(s: str) -> str:
+    from .overrides import hydra_value
+
+    return hydra_value(s)
+
+
+# ----------------------------------------------------------------------------- validation
+_SAFE_DIRECTIVE = re.compile(r"^[^\s'\"\\#$`;|<>]+$")  # values on #SBATCH lines
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ENTITY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE)$")
+_MEM = re.compile(r"^\d+[KMGT]?$")
+_SBATCH_ARG = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(=[^\s'\"\\`$;|<>]+)?$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_OVERRIDE_KEY = re.compile(r"^(\+\+|\+)?[A-Za-z_][\w-]*(\.[A-Za-z_0-9][\w-]*)*$")
+# Directives the launcher writes itself; a duplicate in sbatch_args would fight them.
+_OWN_DIRECTIVES = {"nodes", "ntasks-per-node", "ntasks", "gpus-per-node", "cpus-per-task",
+                   "job-name", "output", "error", "chdir", "mem", "partition", "account",
+                   "qos", "time", "constraint", "exclusive", "parsable", "wrap"}
+# Names the job sets itself, or secrets that must never sit in a recipe.
+_RESERVED_ENV = {"WANDB_API_KEY", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES"}
+
+
+def validate(r: Recipe, blame) -> None:
+    def bad(key: str, message: str) -> None:
+        raise RecipeError(message, where=blame(key), key=key)
+
+    if not _JOB_NAME.match(r.job.name):
+        bad("job.name", "must be 1-128 characters of letters, digits, '.', '_' or '-', "
+                        "starting with a letter or digit")
+    c = r.cluster
+    if c.nodes < 1:
+        bad("cluster.nodes", f"must be at least 1, got {c.nodes}")
+    if c.gpus_per_node < 0:
+        bad("cluster.gpus_per_node", f"must be 0 or more, got {c.gpus_per_node}")
+    if c.cpus_per_task < 1:
+        bad("cluster.cpus_per_task", f"must be at least 1, got {c.cpus_per_task}")
+    if c.ready_timeout < 10:
+        bad("cluster.ready_timeout", f"must be at least 10 seconds, got {c.ready_timeout}")
+    if c.object_store_memory is not None and c.object_store_memory < 78643200:
+        bad("cluster.object_store_memory", "must be at least 75 MiB (Ray's minimum), in bytes")
+    for name in ("partition", "account", "qos", "constraint"):
+        v = getattr(c, name)
+        if v is not None and not _SAFE_DIRECTIVE.match(v):
+            bad(f"cluster.{name}", f"{v!r} is not a valid Slurm value (no spaces, quotes or shell characters)")
+    if c.time is not None and not _TIME.match(c.time):
+        bad("cluster.time", f"{c.time!r} is not a Slurm time (minutes, HH:MM:SS or D-HH:MM:SS)")
+    if c.mem is not None and not _MEM.match(c.mem):
+        bad("cluster.mem", f"{c.mem!r} is not a Slurm memory size (e.g. 0, 512G)")
+    for i, a in enumerate(c.sbatch_args):
+        if not _SBATCH_ARG.match(a):
+            bad(f"cluster.sbatch_args[{i}]", f"{a!r} must look like --option or --option=value, without spaces or quotes")
+        opt = a[2:].split("=", 1)[0]
+        if opt in _OWN_DIRECTIVES:
+            bad(f"cluster.sbatch_args[{i}]", f"--{opt} is set by the launcher; use the cluster.* field instead")
+
+    if not r.runtime.python.strip() or _CONTROL.search(r.runtime.python):
+        bad("runtime.python", "must be a non-empty interpreter path or name")
+    for i, line in enumerate(r.runtime.setup):
+        if "\n" in line or "\x00" in line:
+            bad(f"runtime.setup[{i}]", "one shell line per list item (no newlines)")
+
+    for k, v in r.env.items():
+        if not _ENV_NAME.match(k):
+            bad(f"env.{k}", "not a valid environment variable name")
+        if k in _RESERVED_ENV or k.startswith("SLURM_"):
+            why = ("a secret: export it in your shell or use wandb.api_key_file"
+                   if k == "WANDB_API_KEY" else "set by the job itself")
+            bad(f"env.{k}", f"cannot be set in a recipe ({why})")
+        if "\x00" in v:
+            bad(f"env.{k}", "contains a NUL byte")
+
+    w = r.wandb
+    tracing = r.trace.backend == "weave"
+    if (w.enabled or tracing) and not w.project:
+        bad("wandb.project", "is required when W&B logging or Weave tracing is on")
+    if w.project is not None:
+        if len(w.project) > 128 or re.search(r"[/\\#?%:]", w.project) or _CONTROL.search(w.project):
+            bad("wandb.project", f"{w.project!r} is not a valid W&B project name (at most 128 characters, "
+                                 "none of / \\ # ? % :; put the entity in wandb.entity)")
+    if w.experiment is not None and (not w.experiment or len(w.experiment) > 128 or _CONTROL.search(w.experiment)):
+        bad("wandb.experiment", "must be 1-128 printable characters")
+    if w.entity is not None and not _ENTITY.match(w.entity):
+        bad("wandb.entity", f"{w.entity!r} is not a valid W&B entity (letters, digits, '_' or '-')")
+    if w.base_url is not None and not re.match(r"^https?://[^\s'\"\\]+$", w.base_url):
+        bad("wandb.base_url", f"{w.base_url!r} must be an http(s) URL")
+    if w.api_key_file is not None:
+        p = os.path.expanduser(w.api_key_file)
+        if not os.path.isabs(p) or _CONTROL.search(p):
+            bad("wandb.api_key_file", "must be an absolute path (it is read on the nodes)")
+        w.api_key_file = p
+
+    t = r.trace
+    if t.backend not in TRACE_BACKENDS:
+        bad("trace.backend", f"{t.backend!r} is not one of {', '.join(TRACE_BACKENDS)}")
+    if t.max_samples_per_step_per_worker is not None and t.max_samples_per_step_per_worker < 0:
+        bad("trace.max_samples_per_step_per_worker", "must be null (every sample) or 0 or more")
+
+    if not _MODULE.match(r.verl.entrypoint):
+        bad("verl.entrypoint", f"{r.verl.entrypoint!r} is not a Python module name")
+    for k in r.verl.overrides:
+        if not _OVERRIDE_KEY.match(str(k)):
+            bad(f"verl.overrides.{k}", "not a valid Hydra key (dotted names, optional + or ++ prefix)")
+
+    if not r.paths.runs or _CONTROL.search(r.paths.runs):
+        bad("paths.runs", "must be a directory path")

@@ -1,0 +1,110 @@
+"""Render: a validated recipe in, the sbatch script text out. Pure: no I/O but the templates."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from functools import lru_cache
+from typing import List, Tuple
+
+import jinja2
+
+from . import __version__
+from .overrides import verl_args
+from .paths import RunPaths
+from .recipe import Recipe
+from .resources import templates_dir
+
+TEMPLATE = "sbatch.sh.j2"
+
+# Ray ports come from the job id: base + (job_id % slots) * stride, so that two jobs on one
+# node use different ports.
+PORT_BASE, PORT_SLOTS, PORT_STRIDE = 20000, 2000, 20
+
+
+def q(value) -> str:
+    """The one shell-quoting filter: every value that reaches the script passes here."""
+    return shlex.quote(str(value))
+
+
+@lru_cache(maxsize=1)
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        # bash's ${#array[@]} would open a Jinja comment
+        comment_start_string="<%#",
+        comment_end_string="#%>",
+    )
+    env.filters["q"] = q
+    return env
+
+
+def directives(r: Recipe) -> List[str]:
+    c = r.cluster
+    d = [f"--job-name={r.job.name}", f"--nodes={c.nodes}", "--ntasks-per-node=1",
+         f"--cpus-per-task={c.cpus_per_task}"]
+    if c.gpus_per_node:
+        d.append(f"--gpus-per-node={c.gpus_per_node}")
+    for name in ("mem", "partition", "account", "qos", "time", "constraint"):
+        if getattr(c, name) is not None:
+            d.append(f"--{name}={getattr(c, name)}")
+    if c.exclusive:
+        d.append("--exclusive")
+    d.append("--output=slurm-%j.out")
+    d.extend(c.sbatch_args)
+    return d
+
+
+def wandb_env(r: Recipe) -> List[Tuple[str, str]]:
+    """W&B settings every node exports before Ray starts (never the key: it stays in the env)."""
+    w = r.wandb
+    if not (w.enabled or r.trace.backend == "weave"):
+        return []
+    env = [("WANDB_PROJECT", w.project), ("WANDB_NAME", r.experiment)]
+    if w.entity:
+        env.append(("WANDB_ENTITY", w.entity))
+    if w.base_url:
+        env.append(("WANDB_BASE_URL", w.base_url))
+    # One W&B run per experiment, across requeues and resubmits.
+    run_id = hashlib.sha256(f"{w.entity}/{w.project}/{r.experiment}".encode()).hexdigest()[:16]
+    env += [("WANDB_RUN_ID", run_id), ("WANDB_RESUME", "allow"), ("WANDB_ERROR_REPORTING", "false")]
+    return env
+
+
+def render(r: Recipe) -> str:
+    """The complete sbatch script for ``r``."""
+    env = _env()
+    ctx = dict(
+        version=__version__,
+        recipe_file=r.source,
+        paths=RunPaths,
+        directives=directives(r),
+        setup=r.runtime.setup,
+        python=r.runtime.python,
+        entrypoint=r.verl.entrypoint,
+        env=sorted(r.env.items()),
+        wandb_needed=r.wandb.enabled or r.trace.backend == "weave",
+        api_key_file=r.wandb.api_key_file,
+        wandb_env=wandb_env(r),
+        verl_args=verl_args(r),
+        nodes=r.cluster.nodes,
+        gpus=r.cluster.gpus_per_node,
+        cpus=r.cluster.cpus_per_task,
+        object_store_memory=r.cluster.object_store_memory,
+        ready_timeout=r.cluster.ready_timeout,
+        port_base=PORT_BASE,
+        port_slots=PORT_SLOTS,
+        port_stride=PORT_STRIDE,
+        wait_ready_py=_wait_ready_py(),
+    )
+    return env.get_template(TEMPLATE).render(ctx)
+
+
+@lru_cache(maxsize=1)
+def _wait_ready_py() -> str:
+    return (templates_dir() / "wait_ready.py").read_text().rstrip("\n")

@@ -1,0 +1,125 @@
+"""Slurm: the only module that runs Slurm commands.
+
+``submit`` is ``schedule(plan(...))``: ``plan`` is the dry-run, a request whose ``str`` is
+the exact command and whose script is the exact text that would be submitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets as _random
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Mapping, Optional
+
+from omegaconf import OmegaConf
+
+from .errors import RecipeError
+from .paths import RunPaths
+from .recipe import Loaded
+from .render import render
+
+
+class SlurmError(Exception):
+    """A Slurm command failed (exit code 1, nothing left behind)."""
+
+
+@dataclass
+class SubmitRequest:
+    paths: RunPaths
+    script: str
+    recipe_yaml: str
+    command: List[str] = field(default_factory=lambda: ["sbatch", "--parsable", RunPaths.SCRIPT])
+    meta: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return f"cd {shlex.quote(str(self.paths.run_dir))} && {shlex.join(self.command)}"
+
+
+@dataclass
+class Submitted:
+    job_id: str
+    paths: RunPaths
+
+    def as_dict(self) -> dict:
+        p = self.paths
+        return {"job_id": self.job_id, "run_dir": str(p.run_dir), "script": str(p.script),
+                "stdout": str(p.stdout(self.job_id)), "logs": str(p.logs), "phases": str(p.phases)}
+
+
+def plan(loaded: Loaded, now: Optional[float] = None) -> SubmitRequest:
+    """The dry-run: what would be written where, and the command that would run."""
+    r = loaded.recipe
+    now = time.time() if now is None else now
+    runs = Path(os.path.expanduser(r.paths.runs))
+    if not runs.is_absolute():
+        runs = Path.cwd() / runs
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    run_dir = runs / r.job.name / f"{stamp}-{_random.token_hex(2)}"
+    meta = {"recipe": r.source, "job_name": r.job.name, "experiment": r.experiment,
+            "project": r.wandb.project, "entity": r.wandb.entity, "nodes": r.cluster.nodes,
+            "gpus_per_node": r.cluster.gpus_per_node, "created": now}
+    return SubmitRequest(paths=RunPaths(run_dir), script=render(r),
+                         recipe_yaml=resolved_yaml(r), meta=meta)
+
+
+def resolved_yaml(r) -> str:
+    """The recipe as the launcher understood it: composed, overridden, defaults filled in."""
+    data = dataclasses.asdict(r)
+    data.pop("source")
+    return f"# composed from {r.source}\n" + OmegaConf.to_yaml(OmegaConf.create(data))
+
+
+def schedule(req: SubmitRequest, environ: Optional[Mapping[str, str]] = None) -> Submitted:
+    """Write the run directory (0700, files 0600) and run sbatch in it."""
+    p = req.paths
+    sbatch = shutil.which(req.command[0])
+    if sbatch is None:
+        raise SlurmError(f"{req.command[0]} not found on PATH: run this on a Slurm login node")
+    _mkdir_private(p.run_dir)
+    try:
+        _write_private(p.script, req.script)
+        _write_private(p.recipe, req.recipe_yaml)
+        proc = subprocess.run([sbatch, *req.command[1:]], cwd=p.run_dir, capture_output=True,
+                              text=True, env=dict(environ) if environ is not None else None,
+                              stdin=subprocess.DEVNULL, timeout=120)
+        if proc.returncode != 0:
+            raise SlurmError(f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+        job_id = proc.stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch printed no job id: {proc.stdout.strip()!r}")
+    except BaseException:
+        shutil.rmtree(p.run_dir, ignore_errors=True)  # nothing half-written is left behind
+        raise
+    record = dict(req.meta, job_id=job_id, run_dir=str(p.run_dir), command=str(req),
+                  submitted=time.time())
+    _write_private(p.record, json.dumps(record, indent=2) + "\n")
+    return Submitted(job_id=job_id, paths=p)
+
+
+def submit(loaded: Loaded, environ: Optional[Mapping[str, str]] = None) -> Submitted:
+    return schedule(plan(loaded), environ)
+
+
+def _mkdir_private(path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(mode=0o700)
+        except FileExistsError:
+            raise RecipeError("run directory already exists", where=str(path)) from None
+    finally:
+        os.umask(old)
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

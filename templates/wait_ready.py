@@ -1,0 +1,84 @@
+# Wait until Ray reports every node and GPU of the allocation, with a deadline.
+# Rendered verbatim into the job script (runs on the head node with the recipe's Python).
+# argv: HEAD_ADDRESS NODES_FILE GPUS_PER_NODE TIMEOUT_S STEP_PID...
+import glob
+import os
+import socket
+import sys
+import time
+
+address, nodes_file = sys.argv[1], sys.argv[2]
+gpus_per_node, timeout = float(sys.argv[3]), float(sys.argv[4])
+step_pids = [int(p) for p in sys.argv[5:]]
+expected = {}  # address -> hostname
+with open(nodes_file) as f:
+    for line in f:
+        if line.strip():
+            host, ip = line.split()[:2]
+            expected[ip] = host
+want_gpus = gpus_per_node * len(expected)
+deadline = time.monotonic() + timeout
+log_dir = os.path.dirname(nodes_file)
+
+
+def say(msg):
+    print(f"[verl-launch {time.strftime('%F %T')}] {msg}", flush=True)
+
+
+def dead_step():
+    for pid in step_pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
+                    return pid
+        except OSError:
+            return pid
+    return None
+
+
+def fail(why, missing):
+    say(f"ERROR: Ray not ready: {why}")
+    for host in sorted(missing):
+        say(f"node {host} did not join")
+        logs = sorted(glob.glob(os.path.join(log_dir, f"ray-*{host}*.log")), key=os.path.getmtime)
+        if logs:
+            with open(logs[-1], errors="replace") as f:
+                for line in f.readlines()[-10:]:
+                    print(f"    {host}| {line.rstrip()}", flush=True)
+    sys.exit(3)
+
+
+def check_deadline_and_steps(missing):
+    pid = dead_step()
+    if pid is not None:
+        fail(f"a Ray srun step (pid {pid}) exited", missing)
+    if time.monotonic() > deadline:
+        fail(f"deadline of {timeout:.0f} s passed (cluster.ready_timeout)", missing)
+
+
+host, port = address.rsplit(":", 1)
+while True:  # the head's GCS port first: ray.init would block on a closed port
+    try:
+        socket.create_connection((host, int(port)), timeout=1).close()
+        break
+    except OSError:
+        check_deadline_and_steps(set(expected.values()))
+        time.sleep(0.2)
+
+import ray  # noqa: E402  (only once the head answers)
+
+ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+last = None
+while True:
+    alive = {n["NodeManagerAddress"]: n for n in ray.nodes() if n["Alive"]}
+    gpus = sum(n["Resources"].get("GPU", 0) for n in alive.values())
+    missing = {h for ip, h in expected.items() if ip not in alive}
+    status = f"Ray {len(expected) - len(missing)}/{len(expected)} nodes, {gpus:g}/{want_gpus:g} GPUs"
+    if status != last:
+        say(status)
+        last = status
+    if not missing and gpus >= want_gpus:
+        ray.shutdown()
+        sys.exit(0)
+    check_deadline_and_steps(missing)
+    time.sleep(0.5)
