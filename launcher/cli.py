@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true",
                    help="print the exact command and script; write and submit nothing")
     s.add_argument("--json", action="store_true", help="print one JSON object (job_id, run_dir, script, stdout, ...)")
+    s.add_argument("--wait", action="store_true",
+                   help="follow the job until it ends (Ctrl-C detaches; the job keeps running); "
+                        "exit 0 if it COMPLETED, 1 otherwise")
     return p
 
 
@@ -118,15 +121,42 @@ def cmd_submit(args) -> int:
     except SlurmError as e:
         return _fail(f"error: {e}", EXIT_FAILED)
     info = done.as_dict()
+    if args.json and not args.wait:
+        print(json.dumps(info))
+        return 0
+    out = sys.stderr if args.json else sys.stdout
+    print(f"Submitted batch job {done.job_id}", file=out)
+    print(f"  run dir  {info['run_dir']}", file=out)
+    print(f"  script   {info['script']}", file=out)
+    print(f"  output   {info['stdout']}", file=out)
+    print(f"  ray logs {info['logs']}", file=out)
+    if not args.wait:
+        return 0
+    final = _wait(done, out)
+    info.update(state=final.get("JobState"), exit_code=final.get("ExitCode"))
     if args.json:
         print(json.dumps(info))
-    else:
-        print(f"Submitted batch job {done.job_id}")
-        print(f"  run dir  {info['run_dir']}")
-        print(f"  script   {info['script']}")
-        print(f"  output   {info['stdout']}")
-        print(f"  ray logs {info['logs']}")
-    return 0
+    return 0 if final.get("JobState") == "COMPLETED" else EXIT_FAILED
+
+
+def _wait(done, out) -> dict:
+    import time
+
+    from .slurm import watch
+
+    t0 = time.monotonic()
+
+    def show(text: str) -> None:
+        print(f"  [{time.monotonic() - t0:6.1f}s] {text}", file=out, flush=True)
+
+    try:
+        final = watch(done.job_id, done.paths, show)
+    except KeyboardInterrupt:
+        print(f"\ndetached; job {done.job_id} keeps running (scancel {done.job_id} to stop it)", file=out)
+        raise SystemExit(0)
+    print(f"job {done.job_id} {final.get('JobState')} exit code {final.get('ExitCode')}; "
+          f"output in {done.paths.stdout(done.job_id)}", file=out)
+    return final
 
 
 if __name__ == "__main__":

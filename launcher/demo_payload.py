@@ -18,6 +18,8 @@ import socket
 import sys
 
 WANDB_VARS = ("WANDB_PROJECT", "WANDB_NAME", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_RUN_ID", "WANDB_RESUME")
+# The demo recipe's runtime.setup exports SETUP_HOST=$(hostname): where setup ran for a process.
+SETUP_VAR = "SETUP_HOST"
 
 
 def what_i_see() -> dict:
@@ -27,7 +29,7 @@ def what_i_see() -> dict:
         "pid": os.getpid(),
         "wandb_api_key": {"present": bool(key),
                           "sha256_12": hashlib.sha256(key.encode()).hexdigest()[:12] if key else None},
-        **{v: os.environ.get(v) for v in WANDB_VARS},
+        **{v: os.environ.get(v) for v in (*WANDB_VARS, SETUP_VAR)},
     }
 
 
@@ -76,7 +78,7 @@ def main(argv: list) -> int:
     for s in report["nodes"]:
         key = "WANDB_API_KEY present" if s["wandb_api_key"]["present"] else "WANDB_API_KEY MISSING"
         print(f"  {s['hostname']:<8} {s['ip']:<16} {key}, project={s['WANDB_PROJECT']} "
-              f"experiment={s['WANDB_NAME']} run_id={s['WANDB_RUN_ID']}")
+              f"experiment={s['WANDB_NAME']} run_id={s['WANDB_RUN_ID']} setup ran on {s[SETUP_VAR]}")
     print(f"  GPU tasks ran on: {', '.join(f'{h}[{c}]' for h, c in gpu_tasks)}")
     print("  verl overrides received:")
     for a in argv:

@@ -54,6 +54,27 @@ def flatten(overrides: Dict[str, Any], blame=lambda key: "recipe") -> Dict[str, 
     return flat
 
 
+def apply_cli(flat: Dict[str, Any], overrides: List[str]) -> Dict[str, Any]:
+    """Apply command-line ``key=value`` / ``~key`` (Hydra grammar) to flat verl overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    out = dict(flat)
+    for ov in overrides:
+        try:
+            parsed = OverridesParser.create().parse_override(ov)
+        except HydraException as e:
+            raise RecipeError(f"override 'verl.overrides.{ov}': {str(e).splitlines()[0]}",
+                              where="command line", key=f"verl.overrides.{_plain(ov.split('=')[0])}") from None
+        key = parsed.key_or_group
+        for existing in [k for k in out if _plain(k) == key]:
+            del out[existing]
+        if not parsed.is_delete():
+            prefix = "+" if ov.startswith("+") and not ov.startswith("++") else ("++" if ov.startswith("++") else "")
+            out[prefix + key] = parsed.value()
+    return out
+
+
 def _plain(key: str) -> str:
     return key.lstrip("+")
 

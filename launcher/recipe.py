@@ -12,7 +12,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -92,7 +92,7 @@ class Recipe:
     paths: Paths = field(default_factory=Paths)
 
     # Not part of the YAML: where it came from, for messages and the run record.
-    source: str = field(default="<recipe>", metadata={"internal": True})
+    source: ClassVar[str] = "<recipe>"
 
     @property
     def experiment(self) -> str:
@@ -103,11 +103,18 @@ class Recipe:
 @dataclass
 class Loaded:
     recipe: Recipe
-    config: DictConfig  # the composed, validated config (for the run directory)
+    config: DictConfig  # the composed, validated config
+
+
+_VERL_PREFIX = "verl.overrides."
 
 
 def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
-    """Compose ``path`` with ``overrides``, validate it, and return the typed recipe."""
+    """Compose ``path`` with ``overrides``, validate it, and return the typed recipe.
+
+    ``verl.overrides.<key>=v`` sets verl key ``<key>`` whether the recipe writes it nested or
+    dotted, and ``env.<NAME>=v`` may add a variable: neither needs Hydra's ``+``.
+    """
     path = Path(path)
     where = str(path)
     if not path.is_file():
@@ -115,37 +122,69 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     if path.suffix != ".yaml":
         raise RecipeError("a recipe must be a .yaml file (Hydra composes only .yaml)", where=where)
     overrides = list(overrides)
+    hydra_ovs, verl_ovs = [], []
     for ov in overrides:
-        if ov.split("=", 1)[0].lstrip("+~").startswith("hydra"):
+        key = _key(ov)
+        if key.startswith("hydra"):
             raise RecipeError(f"override '{ov}': hydra.* keys are the launcher's", where="command line")
-    cfg = _compose(path, overrides)
+        if key.startswith(_VERL_PREFIX):
+            verl_ovs.append(ov)
+        elif key.startswith("env.") and not ov.startswith(("+", "~")):
+            hydra_ovs.append("++" + ov)  # env is a free-form map: adding a name is the point
+        else:
+            hydra_ovs.append(ov)
+    _parse_each(overrides)
     blame = _blamer(where, overrides)
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(Recipe), cfg)
-    except OmegaConfBaseException as e:
-        key = e.full_key or None
-        raise RecipeError(_omegaconf_message(e), where=blame(key), key=key) from None
-    if "source" in cfg:
-        raise RecipeError("unknown key", where=where, key="source")
-    # Interpolations resolve here, verl.overrides included; write \${...} for one meant for
-    # verl's own config (e.g. \${trainer.project_name}).
-    try:
+    cfg = _compose(path, hydra_ovs, blame)
+    try:  # Hydra lets `+key=v` through: check the plain values against the schema again
+        merged = OmegaConf.merge(OmegaConf.structured(Recipe), OmegaConf.to_container(cfg, resolve=False))
+        # Interpolations resolve here, verl.overrides included; write \${...} for one
+        # meant for verl's own config (e.g. \${trainer.project_name}).
         recipe: Recipe = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         key = e.full_key or None
         raise RecipeError(_omegaconf_message(e), where=blame(key), key=key) from None
     recipe.source = str(path.resolve())
-    validate(recipe, blame)
-    from .overrides import verl_args  # a contradicting override is an error of the recipe
 
-    verl_args(recipe, blame)
+    from .overrides import apply_cli, flatten, verl_args
+
+    recipe.verl.overrides = apply_cli(flatten(recipe.verl.overrides, blame),
+                                      [ov.replace(_VERL_PREFIX, "", 1) for ov in verl_ovs])
+    validate(recipe, blame)
+    verl_args(recipe, blame)  # a contradicting override is an error of the recipe
     return Loaded(recipe=recipe, config=merged)
 
 
-def _compose(path: Path, overrides: List[str]) -> DictConfig:
-    from hydra import compose, initialize_config_dir
+def _parse_each(overrides: List[str]) -> None:
+    """Refuse a malformed override by itself, before composing anything."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
+    parser = OverridesParser.create()
+    for ov in overrides:
+        try:
+            parser.parse_override(ov)
+        except HydraException as e:
+            msg = " ".join(str(e).split("See https://hydra.cc")[0].split())
+            raise RecipeError(f"override {ov!r} is not Hydra syntax: {msg}", where="command line",
+                              key=_key(ov)) from None
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _compose(path: Path, overrides: List[str], blame) -> DictConfig:
+    """Hydra composes the schema, then the recipe (with its own defaults), then overrides,
+    so that every schema key can be overridden and an unknown one is refused."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import HydraException
+
+    cs = ConfigStore.instance()
+    cs.store(name="_verl_launch_schema", node=Recipe)
+    cs.store(name="_verl_launch_root",
+             node={"defaults": ["_verl_launch_schema", f"{path.stem}@_global_", "_self_"]})
     search = f"hydra.searchpath=[{_hydra_str('file://' + str(shipped_recipes_dir()))}]"
     try:
         with warnings.catch_warnings():
@@ -153,22 +192,29 @@ def _compose(path: Path, overrides: List[str]) -> DictConfig:
             warnings.filterwarnings("ignore", message=".*Defaults list is missing `_self_`")
             with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base="1.3",
                                        job_name="verl-launch"):
-                return compose(config_name=path.stem, overrides=[search, *overrides])
+                return compose(config_name="_verl_launch_root", overrides=[search, *overrides])
     except HydraException as e:
-        msg = str(e).split("\nSee https://hydra.cc")[0]
+        cause = e.__cause__
+        while cause is not None and not isinstance(cause, OmegaConfBaseException):
+            cause = cause.__cause__
+        if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+            key = cause.full_key
+            raise RecipeError(_omegaconf_message(cause), where=blame(key), key=key) from None
+        msg = str(e).split("\nSee https://hydra.cc")[0].split("\nConfig search path")[0]
+        msg = " ".join(msg.replace("_verl_launch_root", path.name).split())
         where = "command line" if _mentions_override(msg, overrides) else str(path)
-        raise RecipeError(msg.replace("\n", " ").strip(), where=where) from None
+        raise RecipeError(msg, where=where) from None
     except (OmegaConfBaseException, ValueError) as e:  # e.g. YAML syntax errors
         raise RecipeError(str(e).replace("\n", " ").strip(), where=str(path)) from None
 
 
 def _mentions_override(msg: str, overrides: List[str]) -> bool:
-    return any(ov in msg or ov.split("=", 1)[0].lstrip("+~") in msg for ov in overrides)
+    return any(ov in msg or _key(ov) in msg for ov in overrides)
 
 
 def _blamer(recipe_file: str, overrides: List[str]):
     """Map a dotted key to where it was set: the command line if an override touched it."""
-    touched = [ov.split("=", 1)[0].lstrip("+~") for ov in overrides]
+    touched = [_key(ov) for ov in overrides]
 
     def blame(key: Optional[str]) -> str:
         if key:

@@ -72,7 +72,6 @@ def plan(loaded: Loaded, now: Optional[float] = None) -> SubmitRequest:
 def resolved_yaml(r) -> str:
     """The recipe as the launcher understood it: composed, overridden, defaults filled in."""
     data = dataclasses.asdict(r)
-    data.pop("source")
     return f"# composed from {r.source}\n" + OmegaConf.to_yaml(OmegaConf.create(data))
 
 
@@ -123,3 +122,54 @@ def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+
+
+# ----------------------------------------------------------------------------- watching
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+            "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
+
+
+def job_info(job_id: str) -> Optional[dict]:
+    """``scontrol show job`` as a dict (JobState, ExitCode, Reason, ...); None once forgotten."""
+    proc = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=60)
+    if proc.returncode != 0:
+        return None
+    info = {}
+    for tok in proc.stdout.split():
+        if "=" in tok:
+            k, v = tok.split("=", 1)
+            info.setdefault(k, v)
+    return info
+
+
+def last_phase(paths: RunPaths) -> Optional[dict]:
+    try:
+        lines = paths.phases.read_text().strip().splitlines()
+        return json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+
+
+def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: Optional[float] = None) -> dict:
+    """Poll one job (one scontrol call per ``poll`` seconds) until it ends; call
+    ``on_change(state_text)`` whenever the Slurm state or the job's phase changes."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    while True:
+        info = job_info(job_id) or {"JobState": "UNKNOWN"}
+        state = info.get("JobState", "UNKNOWN")
+        text = state
+        if state == "PENDING" and info.get("Reason") not in (None, "None"):
+            text += f" ({info['Reason']})"
+        phase = last_phase(paths)
+        if state == "RUNNING" and phase:
+            text += f": {phase['phase']}" + (f" ({phase['detail']})" if phase.get("detail") else "")
+        if text != last:
+            on_change(text)
+            last = text
+        if state in TERMINAL or state == "UNKNOWN":
+            return info
+        if deadline is not None and time.monotonic() > deadline:
+            return info
+        time.sleep(poll)

@@ -1,0 +1,52 @@
+# verl-launch: `make demo` runs the main job on the local Slurm sandbox; `make test` runs the
+# tests (the sandbox ones included). Both set up a fresh Debian machine themselves (as root).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SANDBOX := tests/cluster
+# Debian's Slurm for the sandbox, shellcheck for the rendered scripts.
+SYSTEM_PKGS := slurmctld slurmd slurm-client munge iproute2 util-linux shellcheck
+
+.PHONY: install system-deps test demo sandbox-up sandbox-down lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+system-deps:
+	@missing=$$(for p in $(SYSTEM_PKGS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
+test: system-deps install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+sandbox-up: system-deps
+	@bash $(SANDBOX)/sandbox-up.sh
+
+sandbox-down:
+	@bash $(SANDBOX)/sandbox-down.sh
+
+# The demo never contacts W&B; without your own key it makes up a throwaway one.
+demo: system-deps install
+	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && \
+	export WANDB_API_KEY="$${WANDB_API_KEY:-sandbox-$$($(PY) -c 'import secrets; print(secrets.token_hex(24))')}" && \
+	$(VENV)/bin/verl-launch submit recipes/sandbox-demo.yaml runtime.python=$(abspath $(PY)) --wait
+
+lint: install
+	$(VENV)/bin/verl-launch render recipes/sandbox-demo.yaml runtime.python=python3 | shellcheck -
+	bash -n $(SANDBOX)/*.sh && shellcheck $(SANDBOX)/*.sh .ci/run
+
+bench: install
+	$(PY) bench/render_bench.py
+
+clean:
+	rm -rf $(VENV) dist build *.egg-info

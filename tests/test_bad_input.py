@@ -1,0 +1,198 @@
+"""Bad recipes and overrides: exit 2, name the key and the file, no traceback, nothing written,
+nothing submitted. Every case goes through the real CLI, for both `check` and `submit`."""
+
+from __future__ import annotations
+
+import copy
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import pytest
+import yaml
+
+from conftest import RECIPES
+
+BASE = yaml.safe_load((RECIPES / "sandbox-demo.yaml").read_text())
+CMDLINE = "command line"
+
+
+@dataclass
+class Case:
+    id: str
+    key: str  # must appear in stderr
+    edit: Optional[Callable[[dict], None]] = None  # tweak of the sandbox-demo recipe
+    overrides: List[str] = field(default_factory=list)
+    raw: Optional[str] = None  # recipe text written verbatim instead of an edited dict
+    name: str = "recipe.yaml"  # the recipe's file name
+    create: bool = True  # False: the recipe file does not exist
+    where: str = "file"  # "file": the recipe's path in stderr; CMDLINE: "command line"
+
+
+def _set(path: str, value) -> Callable[[dict], None]:
+    def edit(d: dict) -> None:
+        *parents, last = path.split(".")
+        for p in parents:
+            d = d.setdefault(p, {})
+        d[last] = value
+    return edit
+
+
+def _pop(path: str) -> Callable[[dict], None]:
+    def edit(d: dict) -> None:
+        *parents, last = path.split(".")
+        for p in parents:
+            d = d[p]
+        del d[last]
+    return edit
+
+
+CASES = [
+    Case("malformed-yaml", key="line", raw="job:\n  name: [sandbox-demo\ncluster:\n  nodes: 2\n"),
+    Case("malformed-yaml-mapping", key="line", raw="job:\n  name: x\n  oops\n"),
+    Case("unknown-top-level-key", key="bogus", edit=_set("bogus", 1)),
+    Case("unknown-nested-key", key="cluster.nodez", edit=_set("cluster.nodez", 3)),
+    Case("unknown-key-plus-override", key="cluster.foo", overrides=["+cluster.foo=1"], where=CMDLINE),
+    Case("unknown-key-plain-override", key="cluster.foo", overrides=["cluster.foo=1"], where=CMDLINE),
+    Case("wrong-type", key="cluster.nodes", edit=_set("cluster.nodes", "abc")),
+    Case("wrong-type-override", key="cluster.nodes", overrides=["cluster.nodes=abc"], where=CMDLINE),
+    Case("zero-nodes", key="cluster.nodes", edit=_set("cluster.nodes", 0)),
+    Case("zero-nodes-override", key="cluster.nodes", overrides=["cluster.nodes=0"], where=CMDLINE),
+    Case("negative-gpus", key="cluster.gpus_per_node", edit=_set("cluster.gpus_per_node", -1)),
+    Case("missing-wandb-project", key="wandb.project", edit=_pop("wandb.project")),
+    Case("unknown-trace-backend", key="trace.backend", edit=_set("trace.backend", "zipkin")),
+    Case("derived-nnodes", key="verl.overrides.trainer.nnodes",
+         edit=_set("verl.overrides", {**BASE["verl"]["overrides"], "trainer.nnodes": 3})),
+    Case("derived-nnodes-override", key="verl.overrides.trainer.nnodes",
+         overrides=["+verl.overrides.trainer.nnodes=3"], where=CMDLINE),
+    Case("derived-logger", key="verl.overrides.trainer.logger",
+         edit=_set("verl.overrides", {**BASE["verl"]["overrides"], "trainer.logger": ["console"]})),
+    Case("derived-logger-override", key="verl.overrides.trainer.logger",
+         overrides=["+verl.overrides.trainer.logger=[console,tensorboard]"], where=CMDLINE),
+    Case("missing-recipe-file", key="not found", create=False),
+    Case("not-yaml", key=".yaml", name="recipe.yml"),
+    Case("missing-cluster-profile", key="cluster/nope", edit=_set("defaults", [{"cluster": "nope"}, "_self_"])),
+    Case("missing-cluster-profile-override", key="cluster/nope", overrides=["cluster=nope"], where=CMDLINE),
+    Case("job-name-space", key="job.name", edit=_set("job.name", "my job")),
+    Case("job-name-slash", key="job.name", edit=_set("job.name", "a/b")),
+    Case("wandb-project-slash", key="wandb.project", edit=_set("wandb.project", "team/proj")),
+    Case("env-wandb-api-key", key="env.WANDB_API_KEY", edit=_set("env.WANDB_API_KEY", "x" * 40)),
+    Case("bad-time", key="cluster.time", edit=_set("cluster.time", "tomorrow")),
+    Case("bad-time-override", key="cluster.time", overrides=["+cluster.time=4h"], where=CMDLINE),
+    Case("sbatch-arg-space", key="cluster.sbatch_args[0]", edit=_set("cluster.sbatch_args", ["--comment=a b"])),
+    Case("sbatch-arg-owned", key="cluster.sbatch_args[0]", edit=_set("cluster.sbatch_args", ["--nodes=3"])),
+    Case("relative-api-key-file", key="wandb.api_key_file", edit=_set("wandb.api_key_file", "keys/wandb.key")),
+    Case("bad-override-syntax", key="cluster.nodes", overrides=["cluster.nodes=[1"], where=CMDLINE),
+    Case("hydra-key-override", key="hydra", overrides=["hydra.job.name=x"], where=CMDLINE),
+]
+
+
+def _tripwire(d: Path, env: dict) -> tuple[dict, Path]:
+    """A fake `sbatch` first on PATH that leaves a marker if anything calls it."""
+    bindir = d / "bin"
+    bindir.mkdir(parents=True)
+    marker = d / "sbatch-was-called"
+    fake = bindir / "sbatch"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > '{marker}'\necho 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    return dict(env, PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}"), marker
+
+
+@pytest.fixture
+def sbatch_tripwire(tmp_path, clean_env):
+    return _tripwire(tmp_path, clean_env)
+
+
+def _write_recipe(case: Case, d: Path, runs: Path) -> Path:
+    path = d / "recipes" / case.name
+    path.parent.mkdir(parents=True)
+    if not case.create:
+        return path
+    if case.raw is not None:
+        path.write_text(case.raw)
+        return path
+    data = copy.deepcopy(BASE)
+    data["paths"]["runs"] = str(runs)
+    if case.edit:
+        case.edit(data)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _run_rejected(cli, case: Case, command: str, d: Path, clean_env: dict) -> None:
+    """Run `verl-launch COMMAND` on the case in its own directory ``d`` and check the outcome."""
+    env, marker = _tripwire(d, clean_env)
+    runs = d / "runs"
+    recipe = _write_recipe(case, d, runs)
+    proc = cli(command, recipe, *case.overrides, env=env, cwd=d)
+    err = proc.stderr
+    what = f"{command}: exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{err}"
+    assert proc.returncode == 2, what
+    assert "Traceback" not in err, what
+    assert err.startswith("error: "), what
+    assert case.key in err, f"stderr does not name {case.key!r}; {what}"
+    where = CMDLINE if case.where == CMDLINE else str(recipe)
+    assert where in err, f"stderr does not name {where!r}; {what}"
+    assert not marker.exists(), f"{command}: sbatch was called"
+    assert not runs.exists(), f"{command}: wrote {list(runs.rglob('*'))}"
+    # nothing else appeared where it ran (a relative paths.runs would land here)
+    assert sorted(p.name for p in d.iterdir()) == ["bin", "recipes"], f"{command}: {list(d.iterdir())}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case, cli, tmp_path, clean_env):
+    # check and submit run side by side (each CLI start is ~0.5 s of imports)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(_run_rejected, cli, case, command, tmp_path / command, clean_env)
+                   for command in ("check", "submit")]
+        for f in futures:
+            f.result()
+    # the default paths.runs (~/verl-launch/runs) under the test's HOME stays untouched too
+    assert not (Path(clean_env["HOME"]) / "verl-launch").exists()
+
+
+def _demo(tmp_path: Path, **wandb) -> tuple[Path, Path]:
+    runs = tmp_path / "runs"
+    d = copy.deepcopy(BASE)
+    d["paths"]["runs"] = str(runs)
+    d["wandb"].update(wandb)
+    path = tmp_path / "demo.yaml"
+    path.write_text(yaml.safe_dump(d, sort_keys=False))
+    return path, runs
+
+
+def test_submit_without_key(cli, tmp_path, sbatch_tripwire):
+    env, marker = sbatch_tripwire
+    env = dict(env)
+    del env["WANDB_API_KEY"]
+    recipe, runs = _demo(tmp_path)
+    proc = cli("submit", recipe, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "WANDB_API_KEY" in proc.stderr
+    assert str(recipe) in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not marker.exists() and not runs.exists()
+
+
+@pytest.mark.parametrize("bad_key", ["short", "not a key but long enough 0123456789", "x" * 39])
+def test_submit_with_malformed_key(cli, tmp_path, sbatch_tripwire, bad_key):
+    env, marker = sbatch_tripwire
+    env = dict(env, WANDB_API_KEY=bad_key)
+    recipe, runs = _demo(tmp_path)
+    proc = cli("submit", recipe, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "WANDB_API_KEY" in proc.stderr
+    assert bad_key not in proc.stderr and bad_key not in proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert not marker.exists() and not runs.exists()
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_recipes_check(cli, clean_env, recipe):
+    proc = cli("check", recipe, env=clean_env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.rstrip().endswith("ok"), proc.stdout
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,121 @@
+"""Rendering: golden files of every shipped recipe, bash -n and shellcheck, template hygiene."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, ROOT
+from launcher.paths import RunPaths
+from launcher.recipe import load
+from launcher.render import render
+
+GOLDEN = ROOT / "tests" / "golden"
+SHIPPED = sorted(RECIPES.glob("*.yaml"))
+TEMPLATE = ROOT / "templates" / "sbatch.sh.j2"
+
+
+def _render(path: Path, *overrides: str) -> str:
+    return render(load(path, list(overrides)).recipe).replace(str(ROOT), "<ROOT>")
+
+
+@pytest.fixture(autouse=True)
+def fixed_home(monkeypatch):
+    monkeypatch.setenv("HOME", "/home/user")  # recipes interpolate ${oc.env:HOME}
+
+
+@pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: p.stem)
+def test_golden(recipe):
+    """Rendered scripts of the shipped recipes, byte for byte (UPDATE_GOLDEN=1 rewrites them)."""
+    got = _render(recipe)
+    golden = GOLDEN / f"{recipe.stem}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(got)
+    assert golden.exists(), f"no golden file for {recipe.name}: run UPDATE_GOLDEN=1 pytest {__file__}"
+    assert got == golden.read_text(), f"{recipe.name} renders differently from {golden}"
+
+
+@pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: p.stem)
+def test_rendered_script_passes_bash_n_and_shellcheck(recipe, tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(_render(recipe))
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    if shutil.which("shellcheck") is None:
+        pytest.fail("shellcheck is not installed (make system-deps installs it)")
+    proc = subprocess.run(["shellcheck", "--severity=info", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_every_template_value_goes_through_the_quoting_filter():
+    # Code inserted as code, by design: the recipe's trusted setup lines and the readiness poller.
+    code = {"line", "wait_ready_py"}
+    exprs = re.findall(r"{{(.*?)}}", TEMPLATE.read_text())
+    assert exprs
+    for e in exprs:
+        e = e.strip()
+        assert e.endswith("| q") or e in code, f"unquoted template value: {{{{ {e} }}}}"
+
+
+def test_template_never_traces_or_dumps_the_environment():
+    text = TEMPLATE.read_text()
+    assert not re.search(r"^\s*set\s+-[a-z]*x", text, re.M)
+    for dump in ("printenv", "env |", "declare -x", "export -p"):
+        assert dump not in text
+
+
+def test_log_names_match_run_paths():
+    text = _render(RECIPES / "sandbox-demo.yaml")
+    p = RunPaths(Path("/r"))
+    head = p.head_log(0).name.replace("r0", "r$RESTART")
+    worker = p.worker_log("%N", 0).name.replace("r0", "r$RESTART")
+    assert f'"$LOG_DIR/{head}"' in text and f'"$LOG_DIR/{worker}"' in text
+    assert f"#SBATCH --output={p.stdout('%j').name}" in text
+
+
+def test_setup_lines_and_env_reach_the_script_in_order():
+    text = _render(RECIPES / "gsm8k-grpo.yaml")
+    assert "\n  source ~/venvs/verl/bin/activate\n" in text
+    assert "\nexport TOKENIZERS_PARALLELISM=false\n" in text
+    assert text.index("source ~/venvs") < text.index("phase nodes\n")
+
+
+def test_rendering_imports_no_node_packages(tmp_path):
+    code = ("import sys; from launcher.cli import main; rc = main(['render', sys.argv[1]]); "
+            "bad = [m for m in ('ray', 'torch', 'verl', 'weave', 'wandb') if m in sys.modules]; "
+            "sys.exit(f'imported {bad}' if bad else rc)")
+    proc = subprocess.run([sys.executable, "-c", code, str(RECIPES / "gsm8k-grpo.yaml")],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("#!/bin/bash")
+
+
+def test_key_in_environment_never_reaches_the_script(cli, clean_env, wandb_key):
+    proc = cli("render", RECIPES / "gsm8k-grpo.yaml", env=clean_env)
+    assert proc.returncode == 0, proc.stderr
+    assert wandb_key not in proc.stdout and "WANDB_API_KEY=" not in proc.stdout
+
+
+def test_dry_run_prints_command_and_script_and_writes_nothing(cli, clean_env, tmp_path):
+    runs = tmp_path / "runs"
+    proc = cli("submit", RECIPES / "sandbox-demo.yaml", f"paths.runs={runs}", "--dry-run", env=clean_env)
+    assert proc.returncode == 0, proc.stderr
+    first, rest = proc.stdout.split("\n", 1)
+    assert re.match(rf"# would run: cd {re.escape(str(runs))}/sandbox-demo/\S+ && sbatch --parsable job\.sbatch$", first)
+    assert rest.startswith("#!/bin/bash")
+    assert not runs.exists()
+
+
+def test_help_and_version(cli):
+    for args in (["--help"], ["render", "--help"], ["check", "--help"], ["submit", "--help"]):
+        proc = cli(*args)
+        assert proc.returncode == 0 and "usage: verl-launch" in proc.stdout, args
+    assert "--dry-run" in cli("submit", "--help").stdout
+    from launcher import __version__
+
+    assert cli("--version").stdout.strip() == f"verl-launch {__version__}"

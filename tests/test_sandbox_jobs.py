@@ -1,0 +1,106 @@
+"""End to end on the real Slurm sandbox: submit, Ray across nodes, exit status, no key leaks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, submit_json
+
+pytestmark = pytest.mark.sandbox
+
+
+def _submit(cli, sandbox, env, tmp_path, *overrides):
+    proc = cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
+               f"paths.runs={tmp_path / 'runs'}", *overrides, "--json", env=sandbox.env(env))
+    return submit_json(proc)
+
+
+@pytest.fixture(scope="module")
+def demo_job(sandbox, wandb_key, tmp_path_factory):
+    """One 2-node demo job, shared by the assertions below (each job costs ~20 s here)."""
+    from conftest import run_cli
+    import os
+
+    tmp = tmp_path_factory.mktemp("demo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "SLURM_"))}
+    env["WANDB_API_KEY"] = wandb_key
+    info = _submit(run_cli, sandbox, env, tmp, "wandb.entity=sandbox-team", "wandb.experiment=e2e-run")
+    state = sandbox.wait(info["job_id"])
+    scontrol = sandbox.run("scontrol", "show", "job", info["job_id"]).stdout
+    return info, state, scontrol
+
+
+def test_two_node_job_completes_with_ray_on_both_nodes(demo_job, wandb_key):
+    info, state, _ = demo_job
+    out = Path(info["stdout"]).read_text()
+    assert state == "COMPLETED", out
+    report = json.loads((Path(info["run_dir"]) / "demo-report.json").read_text())
+    hosts = [n["hostname"] for n in report["nodes"]]
+    assert hosts == ["node1", "node2"], report["nodes"]
+    ips = {n["ip"] for n in report["nodes"]}
+    assert len(ips) == 2 and not any(ip.startswith("127.") for ip in ips)
+    assert report["cluster_gpus"] == 4  # 2 nodes x gpus_per_node 2
+    assert sorted({h for h, _ in report["gpu_tasks"]}) == ["node1", "node2"]
+    # The entrypoint got the derived overrides in its argv, parsed by Hydra's own parser.
+    ov = report["overrides"]
+    assert ov["trainer.nnodes"] == 2 and ov["trainer.n_gpus_per_node"] == 2
+    assert ov["actor_rollout_ref.rollout.mode"] == "async"
+    assert ov["actor_rollout_ref.rollout.trace.backend"] == "weave"
+    assert ov["trainer.project_name"] == "verl-launch-demo"
+    assert ov["trainer.experiment_name"] == "e2e-run"
+    assert ov["trainer.logger"] == ["console", "wandb"]
+    # The key, project, entity and experiment reached processes on both nodes (and the driver).
+    digest = hashlib.sha256(wandb_key.encode()).hexdigest()[:12]
+    for seen in [*report["nodes"], report["driver"]]:
+        assert seen["wandb_api_key"] == {"present": True, "sha256_12": digest}, seen
+        assert seen["WANDB_PROJECT"] == "verl-launch-demo"
+        assert seen["WANDB_ENTITY"] == "sandbox-team"
+        assert seen["WANDB_NAME"] == "e2e-run"
+    for seen in report["nodes"]:  # runtime.setup ran on each node itself
+        assert seen["SETUP_HOST"] == seen["hostname"], seen
+    phases = [json.loads(line)["phase"] for line in Path(info["phases"]).read_text().splitlines()]
+    assert phases == ["nodes", "head-up", "workers-up", "ready", "driver-start", "driver-end", "teardown"]
+
+
+def test_key_is_nowhere_on_disk_or_in_slurm(demo_job, wandb_key):
+    info, _, scontrol = demo_job
+    assert scontrol and wandb_key not in scontrol
+    run_dir = Path(info["run_dir"])
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert {p.name for p in files} >= {"job.sbatch", "recipe.yaml", "run.json", Path(info["stdout"]).name}
+    for p in files:
+        assert wandb_key.encode() not in p.read_bytes(), p
+        assert p.stat().st_mode & 0o077 == 0, f"{p} is readable by others"
+    assert run_dir.stat().st_mode & 0o077 == 0
+
+
+def test_failing_entrypoint_fails_the_job_with_its_exit_code(cli, sandbox, clean_env, tmp_path):
+    info = _submit(cli, sandbox, clean_env, tmp_path, "+verl.overrides.demo.exit_code=7")
+    state = sandbox.wait(info["job_id"])
+    out = Path(info["stdout"]).read_text()
+    assert state == "FAILED", out
+    assert sandbox.job_field(info["job_id"], "ExitCode") == "7:0", out
+    assert "phase teardown (rc=7)" in out
+
+
+def test_script_without_key_stops_at_once(sandbox, tmp_path, cli, clean_env):
+    """A rendered script submitted by hand, without a key, fails before Ray starts."""
+    script = cli("render", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}", env=clean_env)
+    assert script.returncode == 0, script.stderr
+    (tmp_path / "job.sbatch").write_text(script.stdout)
+    env = {k: v for k, v in sandbox.env(clean_env).items() if k != "WANDB_API_KEY"}
+    import subprocess
+
+    proc = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.strip()
+    assert sandbox.wait(job, timeout=60) == "FAILED"
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert "WANDB_API_KEY is not set" in out
+    assert "phase nodes" not in out  # stopped before touching the nodes
