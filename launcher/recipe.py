@@ -7,6 +7,7 @@ package's ``recipes/``), and command-line overrides use Hydra's grammar.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import warnings
@@ -182,17 +183,23 @@ def _compose(path: Path, overrides: List[str], blame) -> DictConfig:
     from hydra.errors import HydraException
 
     cs = ConfigStore.instance()
-    cs.store(name="_verl_launch_schema", node=Recipe)
+    # The schema's keys and defaults as a plain node: every key is there to override (types are
+    # checked right after, once); a structured node here would cost Hydra ~0.1 s of copies.
+    cs.store(name="_verl_launch_schema", node=dataclasses.asdict(Recipe()))
     cs.store(name="_verl_launch_root",
              node={"defaults": ["_verl_launch_schema", f"{path.stem}@_global_", "_self_"]})
     search = f"hydra.searchpath=[{_hydra_str('file://' + str(shipped_recipes_dir()))}]"
+    # Hydra's own app settings (logging, help, launcher, output dirs) are not used by
+    # compose; leaving them out saves ~40 ms of YAML loading per command.
+    lean = ["hydra/job_logging=none", "hydra/hydra_logging=none", "~hydra/help", "~hydra/hydra_help",
+            "~hydra/launcher", "~hydra/sweeper", "~hydra/output"]
     try:
         with warnings.catch_warnings():
             # A recipe without `_self_` gets it last (its own values win): what users expect.
             warnings.filterwarnings("ignore", message=".*Defaults list is missing `_self_`")
             with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base="1.3",
                                        job_name="verl-launch"):
-                return compose(config_name="_verl_launch_root", overrides=[search, *overrides])
+                return compose(config_name="_verl_launch_root", overrides=[search, *lean, *overrides])
     except HydraException as e:
         cause = e.__cause__
         while cause is not None and not isinstance(cause, OmegaConfBaseException):
