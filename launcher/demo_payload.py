@@ -5,8 +5,8 @@ Hydra overrides) and ``RAY_ADDRESS``. It parses the argv with Hydra's own overri
 runs one task on every Ray node and one per GPU, reports the W&B settings each node's
 processes see (the key only as present/absent and a short digest), writes
 ``demo-report.json`` into the run directory, and exits non-zero if the cluster does not
-match ``trainer.nnodes`` x ``trainer.n_gpus_per_node``. ``+demo.exit_code=N`` makes it exit N
-after reporting (to show a failing entrypoint).
+match ``trainer.nnodes`` x ``trainer.n_gpus_per_node``. ``demo.exit_code=N`` makes it exit N
+after reporting (to show a failing entrypoint), ``demo.hold=S`` sleeps S seconds first.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import json
 import os
 import socket
 import sys
+import time
 
 WANDB_VARS = ("WANDB_PROJECT", "WANDB_NAME", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_RUN_ID", "WANDB_RESUME")
 # The demo recipe's runtime.setup exports SETUP_HOST=$(hostname): where setup ran for a process.
@@ -94,6 +95,10 @@ def main(argv: list) -> int:
     if missing:
         print(f"ERROR: WANDB_API_KEY missing on {', '.join(missing)}", file=sys.stderr)
         return 1
+    hold = float(overrides.get("demo.hold", 0))
+    if hold:  # keep the job in its training phase, for fault tests
+        print(f"holding for {hold:g} s (demo.hold)", flush=True)
+        time.sleep(hold)
     code = int(overrides.get("demo.exit_code", 0))
     if code:
         print(f"exiting {code} as asked (demo.exit_code)", file=sys.stderr)

@@ -92,7 +92,7 @@ def verl_args(r: Recipe, blame=lambda key: "recipe") -> List[str]:
                 raise RecipeError(
                     f"contradicts the launcher's derived value {hydra_value(want)} "
                     f"(from {field}); set {field} instead",
-                    where=blame(f"verl.overrides.{key}"), key=f"verl.overrides.{key}")
+                    where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}")
             continue  # same value: the derived one is emitted below
         args.append(f"{key}={hydra_value(value)}")
     args.extend(f"{key}={hydra_value(value)}" for key, (value, _) in der.items())
@@ -123,7 +123,7 @@ def hydra_value(v: Any) -> str:
     if isinstance(v, dict):
         return "{" + ",".join(f"{hydra_value(str(k))}:{hydra_value(x)}" for k, x in v.items()) + "}"
     s = str(v)
-    if _BARE.match(s) and s.lower() not in _KEYWORDS:
+    if _BARE.fullmatch(s) and s.lower() not in _KEYWORDS:
         return s  # reads back as the same string unquoted: keep the command line legible
     return _quote(s)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional
 
+import yaml
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -45,6 +46,9 @@ class Cluster:
     sbatch_args: List[str] = field(default_factory=list)  # extra directives, "--opt=value"
     ready_timeout: int = 600  # seconds for every node and GPU to join Ray
     object_store_memory: Optional[int] = None  # bytes per node; Ray's default when null
+    network_interface: Optional[str] = None  # e.g. ib0: Ray uses its address on every node
+    port_range: List[int] = field(default_factory=lambda: [20000, 59999])  # Ray's ports, per job a block
+    worker_ports: int = 200  # Ray worker ports per node per job
 
 
 @dataclass
@@ -211,7 +215,7 @@ def _compose(path: Path, overrides: List[str], blame) -> DictConfig:
         msg = " ".join(msg.replace("_verl_launch_root", path.name).split())
         where = "command line" if _mentions_override(msg, overrides) else str(path)
         raise RecipeError(msg, where=where) from None
-    except (OmegaConfBaseException, ValueError) as e:  # e.g. YAML syntax errors
+    except (OmegaConfBaseException, ValueError, yaml.YAMLError) as e:  # e.g. YAML syntax errors
         raise RecipeError(str(e).replace("\n", " ").strip(), where=str(path)) from None
 
 
@@ -269,7 +273,7 @@ def validate(r: Recipe, blame) -> None:
     def bad(key: str, message: str) -> None:
         raise RecipeError(message, where=blame(key), key=key)
 
-    if not _JOB_NAME.match(r.job.name):
+    if not _JOB_NAME.fullmatch(r.job.name):
         bad("job.name", "must be 1-128 characters of letters, digits, '.', '_' or '-', "
                         "starting with a letter or digit")
     c = r.cluster
@@ -285,14 +289,22 @@ def validate(r: Recipe, blame) -> None:
         bad("cluster.object_store_memory", "must be at least 75 MiB (Ray's minimum), in bytes")
     for name in ("partition", "account", "qos", "constraint"):
         v = getattr(c, name)
-        if v is not None and not _SAFE_DIRECTIVE.match(v):
+        if v is not None and not _SAFE_DIRECTIVE.fullmatch(v):
             bad(f"cluster.{name}", f"{v!r} is not a valid Slurm value (no spaces, quotes or shell characters)")
-    if c.time is not None and not _TIME.match(c.time):
+    if c.network_interface is not None and not re.fullmatch(r"^[A-Za-z0-9_.:-]{1,15}$", c.network_interface):
+        bad("cluster.network_interface", f"{c.network_interface!r} is not a network interface name")
+    if (len(c.port_range) != 2 or not 1024 <= c.port_range[0] < c.port_range[1] <= 65535):
+        bad("cluster.port_range", "must be [low, high] with 1024 <= low < high <= 65535")
+    if c.worker_ports < 16:
+        bad("cluster.worker_ports", "must be at least 16")
+    elif c.port_range[1] - c.port_range[0] + 1 < 9 + c.worker_ports:
+        bad("cluster.port_range", f"too small for one job's {9 + c.worker_ports} Ray ports")
+    if c.time is not None and not _TIME.fullmatch(c.time):
         bad("cluster.time", f"{c.time!r} is not a Slurm time (minutes, HH:MM:SS or D-HH:MM:SS)")
-    if c.mem is not None and not _MEM.match(c.mem):
+    if c.mem is not None and not _MEM.fullmatch(c.mem):
         bad("cluster.mem", f"{c.mem!r} is not a Slurm memory size (e.g. 0, 512G)")
     for i, a in enumerate(c.sbatch_args):
-        if not _SBATCH_ARG.match(a):
+        if not _SBATCH_ARG.fullmatch(a):
             bad(f"cluster.sbatch_args[{i}]", f"{a!r} must look like --option or --option=value, without spaces or quotes")
         opt = a[2:].split("=", 1)[0]
         if opt in _OWN_DIRECTIVES:
@@ -305,7 +317,7 @@ def validate(r: Recipe, blame) -> None:
             bad(f"runtime.setup[{i}]", "one shell line per list item (no newlines)")
 
     for k, v in r.env.items():
-        if not _ENV_NAME.match(k):
+        if not _ENV_NAME.fullmatch(k):
             bad(f"env.{k}", "not a valid environment variable name")
         if k in _RESERVED_ENV or k.startswith("SLURM_"):
             why = ("a secret: export it in your shell or use wandb.api_key_file"
@@ -324,9 +336,9 @@ def validate(r: Recipe, blame) -> None:
                                  "none of / \\ # ? % :; put the entity in wandb.entity)")
     if w.experiment is not None and (not w.experiment or len(w.experiment) > 128 or _CONTROL.search(w.experiment)):
         bad("wandb.experiment", "must be 1-128 printable characters")
-    if w.entity is not None and not _ENTITY.match(w.entity):
+    if w.entity is not None and not _ENTITY.fullmatch(w.entity):
         bad("wandb.entity", f"{w.entity!r} is not a valid W&B entity (letters, digits, '_' or '-')")
-    if w.base_url is not None and not re.match(r"^https?://[^\s'\"\\]+$", w.base_url):
+    if w.base_url is not None and not re.fullmatch(r"^https?://[^\s'\"\\]+$", w.base_url):
         bad("wandb.base_url", f"{w.base_url!r} must be an http(s) URL")
     if w.api_key_file is not None:
         p = os.path.expanduser(w.api_key_file)
@@ -340,10 +352,10 @@ def validate(r: Recipe, blame) -> None:
     if t.max_samples_per_step_per_worker is not None and t.max_samples_per_step_per_worker < 0:
         bad("trace.max_samples_per_step_per_worker", "must be null (every sample) or 0 or more")
 
-    if not _MODULE.match(r.verl.entrypoint):
+    if not _MODULE.fullmatch(r.verl.entrypoint):
         bad("verl.entrypoint", f"{r.verl.entrypoint!r} is not a Python module name")
     for k in r.verl.overrides:
-        if not _OVERRIDE_KEY.match(str(k)):
+        if not _OVERRIDE_KEY.fullmatch(str(k)):
             bad(f"verl.overrides.{k}", "not a valid Hydra key (dotted names, optional + or ++ prefix)")
 
     if not r.paths.runs or _CONTROL.search(r.paths.runs):

@@ -17,9 +17,7 @@ from .resources import templates_dir
 
 TEMPLATE = "sbatch.sh.j2"
 
-# Ray ports come from the job id: base + (job_id % slots) * stride, so that two jobs on one
-# node use different ports.
-PORT_BASE, PORT_SLOTS, PORT_STRIDE = 20000, 2000, 20
+RAY_FIXED_PORTS = 9  # GCS .. dashboard; the template lays them out, then the worker ports
 
 
 def q(value) -> str:
@@ -97,12 +95,19 @@ def render(r: Recipe) -> str:
         cpus=r.cluster.cpus_per_task,
         object_store_memory=r.cluster.object_store_memory,
         ready_timeout=r.cluster.ready_timeout,
-        port_base=PORT_BASE,
-        port_slots=PORT_SLOTS,
-        port_stride=PORT_STRIDE,
+        network_interface=r.cluster.network_interface or "",
+        port_min=r.cluster.port_range[0],
+        worker_ports=r.cluster.worker_ports,
+        port_slots=port_slots(r),
         wait_ready_py=_wait_ready_py(),
     )
     return env.get_template(TEMPLATE).render(ctx)
+
+
+def port_slots(r: Recipe) -> int:
+    """How many jobs' port blocks fit in cluster.port_range."""
+    lo, hi = r.cluster.port_range
+    return (hi - lo + 1) // (RAY_FIXED_PORTS + r.cluster.worker_ports)
 
 
 @lru_cache(maxsize=1)

@@ -33,7 +33,7 @@ def needs_key(r: Recipe) -> bool:
 
 
 def looks_like_key(value: str) -> bool:
-    return bool(_KEY.match(value) or _JWT.match(value))
+    return bool(_KEY.fullmatch(value) or _JWT.fullmatch(value))
 
 
 def find_key(r: Recipe, environ: Mapping[str, str]) -> Optional[KeySource]:

@@ -56,6 +56,10 @@ def check_deadline_and_steps(missing):
         fail(f"deadline of {timeout:.0f} s passed (cluster.ready_timeout)", missing)
 
 
+def phase(name, detail=""):
+    print(f"@phase {name} {detail}".rstrip(), flush=True)
+
+
 host, port = address.rsplit(":", 1)
 while True:  # the head's GCS port first: ray.init would block on a closed port
     try:
@@ -65,10 +69,12 @@ while True:  # the head's GCS port first: ray.init would block on a closed port
         check_deadline_and_steps(set(expected.values()))
         time.sleep(0.2)
 
+phase("head-up", address)
 import ray  # noqa: E402  (only once the head answers)
 
 ray.init(address=address, logging_level="ERROR", log_to_driver=False)
 last = None
+joined = False
 while True:
     alive = {n["NodeManagerAddress"]: n for n in ray.nodes() if n["Alive"]}
     gpus = sum(n["Resources"].get("GPU", 0) for n in alive.values())
@@ -77,8 +83,12 @@ while True:
     if status != last:
         say(status)
         last = status
+    if not missing and not joined:
+        phase("workers-up", f"{len(expected)} nodes")
+        joined = True
     if not missing and gpus >= want_gpus:
         ray.shutdown()
+        phase("ready", f"{len(expected)} nodes, {gpus:g} GPUs")
         sys.exit(0)
     check_deadline_and_steps(missing)
     time.sleep(0.5)

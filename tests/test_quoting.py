@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
@@ -36,7 +36,7 @@ any_text = st.one_of(st.text(), tricky_text, st.from_regex(_BARE, fullmatch=True
 
 
 # ----------------------------------------------------------------------------- Hydra grammar
-@settings(max_examples=400)
+@settings(max_examples=250)
 @given(any_text)
 @example("${foo}")
 @example("${oc.env:HOME}")
@@ -52,6 +52,7 @@ any_text = st.one_of(st.text(), tricky_text, st.from_regex(_BARE, fullmatch=True
 @example("1e5")
 @example("x=y,z")
 @example("[1")
+@example("A\n")  # a trailing newline once passed as a bare word (re `$` matches before it)
 def test_hydra_value_text_round_trips(v):
     # `${...}` round-trips too: the override parser returns a quoted value's text verbatim, so
     # value() is the exact string "${foo}". It becomes an interpolation only later, when a
@@ -76,7 +77,7 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(),
                     st.floats(allow_nan=False, allow_infinity=False), any_text)
 
 
-@settings(max_examples=300)
+@settings(max_examples=200)
 @given(scalars)
 def test_hydra_value_scalars_round_trip(v):
     back = parse_back(v)
@@ -92,14 +93,14 @@ def test_hydra_value_nan():
     assert math.isnan(parse_back(math.nan))
 
 
-@settings(max_examples=200)
+@settings(max_examples=100)
 @given(st.recursive(st.lists(scalars, max_size=5), lambda inner: st.lists(st.one_of(scalars, inner), max_size=4),
                     max_leaves=15))
 def test_hydra_value_lists_round_trip(v):
     assert parse_back(v) == v
 
 
-@settings(max_examples=100)
+@settings(max_examples=50)
 @given(st.dictionaries(st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True)
                        .filter(lambda k: k.lower() not in {"null", "true", "false", "inf", "nan"}),
                        scalars, max_size=4))
@@ -157,7 +158,10 @@ def _bash(script: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", script], capture_output=True, timeout=20, stdin=subprocess.DEVNULL)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# No shrink phase: each example composes with Hydra (~0.2 s), and shrinking a failure here
+# took minutes; a failing example is printed as found.
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow],
+          phases=[Phase.explicit, Phase.reuse, Phase.generate])
 @given(env_values=st.lists(recipe_text, min_size=3, max_size=3),
        verl_values=st.lists(recipe_text, min_size=3, max_size=3),
        experiment=experiment_text)
@@ -190,14 +194,15 @@ def test_full_render_with_hostile_strings(env_values, verl_values, experiment):
     # argument must parse back, with Hydra, to the recipe's value.
     start = script.index("\nPY=")
     end = script.index("\nexport RAY_USAGE_STATS_ENABLED")
-    probe = script[start:end] + "\nprintf '%s\\0' \"${VERL_ARGS[@]}\"\nprintf '\\1'\n" + \
-        "".join(f"printf '%s\\0' \"${n}\"\n" for n in ENV_NAMES)
+    # NUL-separated (no value can hold a NUL): the verl arguments, then the FUZZ_* values.
+    probe = script[start:end] + "\nprintf '%s\\0' \"${VERL_ARGS[@]}\"" + \
+        "".join(f' "${n}"' for n in ENV_NAMES) + "\n"
     out = _bash(probe)
     assert out.returncode == 0, out.stderr.decode()
-    args_part, env_part = out.stdout.split(b"\1")
-    assert env_part.split(b"\0")[:-1] == [v.encode() for v in env_values]
+    items = out.stdout.split(b"\0")[:-1]
+    assert items[-len(ENV_NAMES):] == [v.encode() for v in env_values]
     args = {}
-    for a in args_part.decode().split("\0")[:-1]:
+    for a in (i.decode() for i in items[:-len(ENV_NAMES)]):
         o = PARSER.parse_override(a)
         args[o.input_line.split("=", 1)[0]] = o.value()
     for k, v in zip(VERL_KEYS, verl_values):

@@ -64,7 +64,7 @@ def test_two_node_job_completes_with_ray_on_both_nodes(demo_job, wandb_key):
     for seen in report["nodes"]:  # runtime.setup ran on each node itself
         assert seen["SETUP_HOST"] == seen["hostname"], seen
     phases = [json.loads(line)["phase"] for line in Path(info["phases"]).read_text().splitlines()]
-    assert phases == ["nodes", "head-up", "workers-up", "ready", "driver-start", "driver-end", "teardown"]
+    assert phases == ["start", "nodes", "head-up", "workers-up", "ready", "driver-start", "driver-end", "teardown"]
 
 
 def test_key_is_nowhere_on_disk_or_in_slurm(demo_job, wandb_key):

@@ -1,0 +1,140 @@
+"""Ray bring-up and teardown on the real sandbox: shared nodes, faults, no leaked processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, submit_json
+
+pytestmark = pytest.mark.sandbox
+RAY_COMMS = ("raylet", "gcs_server")
+
+
+def submit(cli, sandbox, env, tmp_path, *overrides) -> dict:
+    proc = cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
+               f"paths.runs={tmp_path / 'runs'}", *overrides, "--json", env=sandbox.env(env))
+    return submit_json(proc)
+
+
+def phases(info) -> list:
+    p = Path(info["phases"])
+    return [json.loads(line) for line in p.read_text().splitlines()] if p.exists() else []
+
+
+def wait_for_phase(info, name, timeout=120) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for ph in phases(info):
+            if ph["phase"] == name:
+                return ph
+        time.sleep(0.3)
+    pytest.fail(f"phase {name} not reached; output:\n{Path(info['stdout']).read_text()}")
+
+
+def job_processes(job_id: str) -> list:
+    """Live processes started for this job (found by SLURM_JOB_ID in their environment)."""
+    found = []
+    marker = f"SLURM_JOB_ID={job_id}".encode()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            stat = (p / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] in "ZX":
+                continue
+            if marker in (p / "environ").read_bytes().split(b"\0"):
+                found.append((int(p.name), (p / "comm").read_text().strip()))
+        except OSError:
+            continue
+    return found
+
+
+def test_two_jobs_share_a_node_without_port_clashes(cli, sandbox, clean_env, tmp_path):
+    a = submit(cli, sandbox, clean_env, tmp_path, "cluster.nodes=1", "job.name=share-a",
+               "cluster.sbatch_args=[--nodelist=node3]", "verl.overrides.demo.hold=6")
+    b = submit(cli, sandbox, clean_env, tmp_path, "cluster.nodes=1", "job.name=share-b",
+               "cluster.sbatch_args=[--nodelist=node3]", "verl.overrides.demo.hold=6")
+    assert sandbox.wait(a["job_id"]) == "COMPLETED", Path(a["stdout"]).read_text()
+    assert sandbox.wait(b["job_id"]) == "COMPLETED", Path(b["stdout"]).read_text()
+    pa, pb = ({p["phase"]: p for p in phases(x)} for x in (a, b))
+    assert pa["head-up"]["detail"] != pb["head-up"]["detail"]  # different GCS ports
+    # They really ran side by side on node3: each one's training overlapped the other's.
+    assert pa["driver-start"]["time"] < pb["driver-end"]["time"]
+    assert pb["driver-start"]["time"] < pa["driver-end"]["time"]
+    for x in (a, b):
+        report = json.loads((Path(x["run_dir"]) / "demo-report.json").read_text())
+        assert [n["hostname"] for n in report["nodes"]] == ["node3"]
+
+
+def test_worker_that_cannot_start_fails_the_job_naming_it(cli, sandbox, clean_env, tmp_path):
+    timeout = 15
+    info = submit(cli, sandbox, clean_env, tmp_path, "cluster.nodes=3", f"cluster.ready_timeout={timeout}",
+                  """runtime.setup=['[ "$(hostname)" != node3 ] || { echo "no ray here" >&2; exit 7; }']""")
+    assert sandbox.wait(info["job_id"]) == "FAILED"
+    out = Path(info["stdout"]).read_text()
+    assert "node node3 did not join" in out and "node node2 did not join" not in out, out
+    assert "no ray here" in out  # the tail of node3's log
+    start, end = (sandbox.job_field(info["job_id"], k) for k in ("StartTime", "EndTime"))
+    elapsed = time.mktime(time.strptime(end, "%Y-%m-%dT%H:%M:%S")) - time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))
+    assert elapsed <= timeout + 10, f"took {elapsed} s"
+    assert not job_processes(info["job_id"])
+
+
+def test_head_ray_killed_mid_run_ends_the_job_fast(cli, sandbox, clean_env, tmp_path):
+    info = submit(cli, sandbox, clean_env, tmp_path, "verl.overrides.demo.hold=300")
+    wait_for_phase(info, "driver-start")
+    time.sleep(2)  # the driver is inside its hold
+    gcs = [pid for pid, comm in job_processes(info["job_id"]) if comm == "gcs_server"]
+    assert len(gcs) == 1, job_processes(info["job_id"])
+    t = time.monotonic()
+    os.kill(gcs[0], signal.SIGKILL)
+    state = sandbox.wait(info["job_id"], timeout=60)
+    assert time.monotonic() - t <= 30
+    assert state == "FAILED", Path(info["stdout"]).read_text()
+    assert "ray-lost" in [p["phase"] for p in phases(info)]
+
+
+def test_scancel_mid_run_leaves_no_ray_process(cli, sandbox, clean_env, tmp_path):
+    info = submit(cli, sandbox, clean_env, tmp_path, "verl.overrides.demo.hold=300")
+    wait_for_phase(info, "driver-start")
+    procs = job_processes(info["job_id"])
+    assert {c for _, c in procs} >= set(RAY_COMMS), procs  # there was Ray to clean up
+    sandbox.run("scancel", info["job_id"])
+    deadline = time.monotonic() + 15
+    while job_processes(info["job_id"]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert job_processes(info["job_id"]) == []
+    assert sandbox.wait(info["job_id"], timeout=30) == "CANCELLED"
+
+
+def test_failing_driver_keeps_logs_per_node(cli, sandbox, clean_env, tmp_path):
+    info = submit(cli, sandbox, clean_env, tmp_path, "verl.overrides.demo.exit_code=5")
+    assert sandbox.wait(info["job_id"]) == "FAILED"
+    assert sandbox.job_field(info["job_id"], "ExitCode") == "5:0"
+    logs = Path(info["logs"])
+    assert (logs / "ray-head.r0.log").stat().st_size > 0
+    assert (logs / "ray-worker-node2.r0.log").stat().st_size > 0
+    assert "exiting 5 as asked" in Path(info["stdout"]).read_text()
+    assert not job_processes(info["job_id"])
+
+
+def test_network_interface_is_used_on_every_node(cli, sandbox, clean_env, tmp_path):
+    info = submit(cli, sandbox, clean_env, tmp_path, "cluster.network_interface=eth0")
+    assert sandbox.wait(info["job_id"]) == "COMPLETED", Path(info["stdout"]).read_text()
+    nodes = (Path(info["logs"]) / "nodes.txt").read_text().split("\n")
+    assert sorted(line.split()[1] for line in nodes if line) == ["169.254.77.11", "169.254.77.12"]
+
+
+def test_missing_network_interface_fails_fast(cli, sandbox, clean_env, tmp_path):
+    info = submit(cli, sandbox, clean_env, tmp_path, "cluster.network_interface=nope0")
+    assert sandbox.wait(info["job_id"], timeout=60) == "FAILED"
+    out = Path(info["stdout"]).read_text()
+    assert "no IPv4 address on interface nope0" in out
+    assert "head-up" not in [p["phase"] for p in phases(info)]
