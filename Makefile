@@ -8,7 +8,7 @@ SANDBOX := tests/cluster
 # Debian's Slurm for the sandbox, shellcheck for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client munge iproute2 util-linux shellcheck
 
-.PHONY: install system-deps test demo sandbox-up sandbox-down lint bench clean
+.PHONY: install system-deps test demo sandbox-up sandbox-down lint bench bench-bringup clean
 
 install: $(VENV)/.installed
 
@@ -47,6 +47,9 @@ lint: install
 
 bench: install
 	$(PY) bench/render_bench.py
+
+bench-bringup: install
+	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/bringup_bench.py
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info

@@ -125,7 +125,16 @@ def hydra_value(v: Any) -> str:
     s = str(v)
     if _BARE.fullmatch(s) and s.lower() not in _KEYWORDS:
         return s  # reads back as the same string unquoted: keep the command line legible
-    return _quote(s)
+    return _quote(_no_interpolation(s))
+
+
+_INTERP = re.compile(r"(\\*)\$\{")
+
+
+def _no_interpolation(s: str) -> str:
+    r"""Escape ``${`` for OmegaConf, so that verl's config holds the very string, not an
+    interpolation: k backslashes before ``${`` become 2k, then ``\${``."""
+    return _INTERP.sub(lambda m: "\\" * (2 * len(m.group(1))) + "\\${", s)
 
 
 def _quote(s: str) -> str:

@@ -46,3 +46,6 @@ class RunPaths:
 
     def worker_log(self, node: str, restart: int = 0) -> Path:
         return self.logs / f"ray-worker-{node}.r{restart}.log"
+
+    def driver_log(self, restart: int = 0) -> Path:
+        return self.logs / f"driver.r{restart}.log"

@@ -143,8 +143,8 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     cfg = _compose(path, hydra_ovs, blame)
     try:  # Hydra lets `+key=v` through: check the plain values against the schema again
         merged = OmegaConf.merge(OmegaConf.structured(Recipe), OmegaConf.to_container(cfg, resolve=False))
-        # Interpolations resolve here, verl.overrides included; write \${...} for one
-        # meant for verl's own config (e.g. \${trainer.project_name}).
+        # Interpolations resolve here, verl.overrides included; a `${` left after that
+        # (written \${ in the recipe) reaches verl as literal text (overrides.hydra_value).
         recipe: Recipe = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         key = e.full_key or None

@@ -122,6 +122,7 @@ def test_failing_driver_keeps_logs_per_node(cli, sandbox, clean_env, tmp_path):
     assert (logs / "ray-head.r0.log").stat().st_size > 0
     assert (logs / "ray-worker-node2.r0.log").stat().st_size > 0
     assert "exiting 5 as asked" in Path(info["stdout"]).read_text()
+    assert "exiting 5 as asked" in (logs / "driver.r0.log").read_text()
     assert not job_processes(info["job_id"])
 
 

@@ -74,7 +74,8 @@ def test_log_names_match_run_paths():
     p = RunPaths(Path("/r"))
     head = p.head_log(0).name.replace("r0", "r$RESTART")
     worker = p.worker_log("%N", 0).name.replace("r0", "r$RESTART")
-    assert f'"$LOG_DIR/{head}"' in text and f'"$LOG_DIR/{worker}"' in text
+    driver = p.driver_log(0).name.replace("r0", "r$RESTART")
+    assert f'"$LOG_DIR/{head}"' in text and f'"$LOG_DIR/{worker}"' in text and f'"$LOG_DIR/{driver}"' in text
     assert f"#SBATCH --output={p.stdout('%j').name}" in text
 
 

@@ -88,6 +88,19 @@ def test_failing_entrypoint_fails_the_job_with_its_exit_code(cli, sandbox, clean
     assert "phase teardown (rc=7)" in out
 
 
+def test_key_from_a_file_read_inside_the_job(cli, sandbox, clean_env, tmp_path, wandb_key):
+    key_file = tmp_path / "wandb.key"
+    key_file.write_text(wandb_key + "\n")
+    key_file.chmod(0o600)
+    env = {k: v for k, v in clean_env.items() if k != "WANDB_API_KEY"}
+    info = _submit(cli, sandbox, env, tmp_path, f"wandb.api_key_file={key_file}")
+    assert sandbox.wait(info["job_id"]) == "COMPLETED", Path(info["stdout"]).read_text()
+    report = json.loads((Path(info["run_dir"]) / "demo-report.json").read_text())
+    digest = hashlib.sha256(wandb_key.encode()).hexdigest()[:12]
+    assert [n["wandb_api_key"]["sha256_12"] for n in report["nodes"]] == [digest, digest]
+    assert wandb_key not in Path(info["script"]).read_text()
+
+
 def test_script_without_key_stops_at_once(sandbox, tmp_path, cli, clean_env):
     """A rendered script submitted by hand, without a key, fails before Ray starts."""
     script = cli("render", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}", env=clean_env)
