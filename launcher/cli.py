@@ -16,7 +16,7 @@ Overrides use Hydra's grammar, e.g.  cluster.nodes=4  wandb.experiment=try2
 verl.overrides.trainer.total_epochs=2  +verl.overrides.data.seed=7
 
 Exit codes: 0 ok, 1 a Slurm command failed, 2 bad input (nothing written, nothing queued).
-The W&B key is read from $WANDB_API_KEY or wandb.api_key_file; it is never written anywhere.
+The W&B key comes from $WANDB_API_KEY, wandb.api_key_file or ~/.netrc; it is never written anywhere.
 """
 
 
@@ -93,7 +93,9 @@ def cmd_check(args) -> int:
           f"max_samples_per_step_per_worker={r.trace.max_samples_per_step_per_worker}")
     if needs_key(r):
         src = find_key(r, os.environ)
-        print(f"W&B key     {src.where if src else 'MISSING: export WANDB_API_KEY or set wandb.api_key_file'}")
+        print(f"W&B key     {src.where if src else 'MISSING: export WANDB_API_KEY, set wandb.api_key_file or use ~/.netrc'}")
+    for name in r.secrets:
+        print(f"secret      {name}: {'set' if os.environ.get(name) else 'NOT SET in your environment'}")
     print("verl args")
     for a in verl_args(r):
         print(f"  {a}")
@@ -102,11 +104,11 @@ def cmd_check(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from .secrets import require_key
+    from .secrets import require
     from .slurm import SlurmError, plan, schedule
 
     loaded = _load(args)
-    require_key(loaded.recipe, os.environ)
+    require(loaded.recipe, os.environ)
     req = plan(loaded)
     if args.dry_run:
         if args.json:

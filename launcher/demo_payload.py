@@ -21,6 +21,7 @@ import time
 WANDB_VARS = ("WANDB_PROJECT", "WANDB_NAME", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_RUN_ID", "WANDB_RESUME")
 # The demo recipe's runtime.setup exports SETUP_HOST=$(hostname): where setup ran for a process.
 SETUP_VAR = "SETUP_HOST"
+ECHO_PREFIX = "DEMO_ECHO_"  # variables reported verbatim (the tests pass hostile values this way)
 
 
 def what_i_see() -> dict:
@@ -31,6 +32,7 @@ def what_i_see() -> dict:
         "wandb_api_key": {"present": bool(key),
                           "sha256_12": hashlib.sha256(key.encode()).hexdigest()[:12] if key else None},
         **{v: os.environ.get(v) for v in (*WANDB_VARS, SETUP_VAR)},
+        "echo": {k: v for k, v in os.environ.items() if k.startswith(ECHO_PREFIX)},
     }
 
 
@@ -39,6 +41,16 @@ def parse_argv(argv: list) -> dict:
 
     parsed = OverridesParser.create().parse_overrides(argv)
     return {o.key_or_group: o.value() for o in parsed}
+
+
+def as_config(overrides: dict) -> dict:
+    """The overrides as a config the way verl's Hydra app holds them (interpolations resolved)."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.create()
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value, force_add=True)
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def main(argv: list) -> int:
@@ -66,6 +78,7 @@ def main(argv: list) -> int:
         "ray_address": address,
         "argv": argv,
         "overrides": overrides,
+        "config": as_config(overrides),
         "driver": what_i_see(),
         "nodes": sorted(seen, key=lambda s: s["hostname"]),
         "cluster_gpus": gpus,

@@ -91,6 +91,7 @@ class Recipe:
     cluster: Cluster = field(default_factory=Cluster)
     runtime: Runtime = field(default_factory=Runtime)
     env: Dict[str, str] = field(default_factory=dict)
+    secrets: List[str] = field(default_factory=list)  # names of env vars passed, never written
     wandb: Wandb = field(default_factory=Wandb)
     trace: Trace = field(default_factory=Trace)
     verl: Verl = field(default_factory=Verl)
@@ -325,6 +326,12 @@ def validate(r: Recipe, blame) -> None:
             bad(f"env.{k}", f"cannot be set in a recipe ({why})")
         if "\x00" in v:
             bad(f"env.{k}", "contains a NUL byte")
+
+    for i, name in enumerate(r.secrets):
+        if not _ENV_NAME.fullmatch(name) or name.startswith("SLURM_"):
+            bad(f"secrets[{i}]", f"{name!r} is not an environment variable name")
+        if name in r.env:
+            bad(f"env.{name}", "is declared in `secrets`: its value must come from your environment")
 
     w = r.wandb
     tracing = r.trace.backend == "weave"

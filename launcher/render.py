@@ -14,6 +14,7 @@ from .overrides import verl_args
 from .paths import RunPaths
 from .recipe import Recipe
 from .resources import templates_dir
+from .secrets import wandb_host
 
 TEMPLATE = "sbatch.sh.j2"
 
@@ -88,6 +89,8 @@ def render(r: Recipe) -> str:
         env=sorted(r.env.items()),
         wandb_needed=r.wandb.enabled or r.trace.backend == "weave",
         api_key_file=r.wandb.api_key_file,
+        wandb_host=wandb_host(r),
+        secrets=r.secrets,
         wandb_env=wandb_env(r),
         verl_args=verl_args(r),
         nodes=r.cluster.nodes,
