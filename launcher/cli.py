@@ -79,9 +79,10 @@ def cmd_render(args) -> int:
 
 def cmd_check(args) -> int:
     from .overrides import verl_args
-    from .secrets import find_key, needs_key
+    from .secrets import find_key, needs_key, refuse_in_recipe, secret_values
 
     r = _load(args).recipe
+    refuse_in_recipe(r, secret_values(r, os.environ))
     c = r.cluster
     print(f"recipe      {r.source}")
     print(f"job         {r.job.name}: {c.nodes} node(s) x {c.gpus_per_node} GPU(s), "
@@ -122,6 +123,8 @@ def cmd_submit(args) -> int:
         done = schedule(req)
     except SlurmError as e:
         return _fail(f"error: {e}", EXIT_FAILED)
+    except OSError as e:
+        return _fail(f"error: {e}", EXIT_FAILED)
     info = done.as_dict()
     if args.json and not args.wait:
         print(json.dumps(info))
@@ -144,7 +147,7 @@ def cmd_submit(args) -> int:
 def _wait(done, out) -> dict:
     import time
 
-    from .slurm import watch
+    from .slurm import SlurmError, watch
 
     t0 = time.monotonic()
 
@@ -153,6 +156,9 @@ def _wait(done, out) -> dict:
 
     try:
         final = watch(done.job_id, done.paths, show)
+    except SlurmError as e:
+        print(f"error: {e}; job {done.job_id} keeps running", file=out)
+        raise SystemExit(EXIT_FAILED)
     except KeyboardInterrupt:
         print(f"\ndetached; job {done.job_id} keeps running (scancel {done.job_id} to stop it)", file=out)
         raise SystemExit(0)

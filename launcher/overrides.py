@@ -54,8 +54,9 @@ def flatten(overrides: Dict[str, Any], blame=lambda key: "recipe") -> Dict[str, 
     return flat
 
 
-def apply_cli(flat: Dict[str, Any], overrides: List[str]) -> Dict[str, Any]:
-    """Apply command-line ``key=value`` / ``~key`` (Hydra grammar) to flat verl overrides."""
+def apply_cli(flat: Dict[str, Any], overrides: List[str], resolve=None) -> Dict[str, Any]:
+    """Apply command-line ``key=value`` / ``~key`` (Hydra grammar) to flat verl overrides;
+    ``resolve`` resolves a value's interpolations against the recipe, as in the file."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -66,12 +67,17 @@ def apply_cli(flat: Dict[str, Any], overrides: List[str]) -> Dict[str, Any]:
         except HydraException as e:
             raise RecipeError(f"override 'verl.overrides.{ov}': {str(e).splitlines()[0]}",
                               where="command line", key=f"verl.overrides.{_plain(ov.split('=')[0])}") from None
+        if parsed.is_sweep_override():
+            raise RecipeError(f"override 'verl.overrides.{ov}' is a sweep (a,b / range()); verl takes "
+                              "one value: quote it to pass the text", where="command line",
+                              key=f"verl.overrides.{parsed.key_or_group}")
         key = parsed.key_or_group
+        value = resolve(parsed.value()) if resolve else parsed.value()
         for existing in [k for k in out if _plain(k) == key]:
             del out[existing]
         if not parsed.is_delete():
             prefix = "+" if ov.startswith("+") and not ov.startswith("++") else ("++" if ov.startswith("++") else "")
-            out[prefix + key] = parsed.value()
+            out[prefix + key] = value
     return out
 
 
@@ -86,15 +92,19 @@ def verl_args(r: Recipe, blame=lambda key: "recipe") -> List[str]:
     args = []
     for key, value in user.items():
         plain = _plain(key)
+        try:
+            text = hydra_value(value)
+        except ValueError as e:
+            raise RecipeError(str(e), where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}") from None
         if plain in der:
             want, field = der[plain]
-            if hydra_value(value) != hydra_value(want):
+            if text != hydra_value(want):
                 raise RecipeError(
                     f"contradicts the launcher's derived value {hydra_value(want)} "
                     f"(from {field}); set {field} instead",
                     where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}")
             continue  # same value: the derived one is emitted below
-        args.append(f"{key}={hydra_value(value)}")
+        args.append(f"{key}={text}")
     args.extend(f"{key}={hydra_value(value)}" for key, (value, _) in der.items())
     return args
 
@@ -102,6 +112,7 @@ def verl_args(r: Recipe, blame=lambda key: "recipe") -> List[str]:
 # ----------------------------------------------------------------------------- Hydra grammar
 _BARE = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./-]*$")
 _KEYWORDS = {"null", "true", "false", "inf", "nan", "infinity"}
+_DICT_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 def hydra_value(v: Any) -> str:
@@ -121,7 +132,10 @@ def hydra_value(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ",".join(hydra_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ",".join(f"{hydra_value(str(k))}:{hydra_value(x)}" for k, x in v.items()) + "}"
+        bad = [k for k in v if not _DICT_KEY.fullmatch(str(k))]
+        if bad:  # Hydra's grammar has no quoted dict keys
+            raise ValueError(f"dict key {bad[0]!r} cannot be written in Hydra's override grammar")
+        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
     s = str(v)
     if _BARE.fullmatch(s) and s.lower() not in _KEYWORDS:
         return s  # reads back as the same string unquoted: keep the command line legible

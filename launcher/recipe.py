@@ -140,10 +140,12 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
         else:
             hydra_ovs.append(ov)
     _parse_each(overrides)
-    blame = _blamer(where, overrides)
+    blame = _blamer(where, overrides, _groups(path))
     cfg = _compose(path, hydra_ovs, blame)
+    plain = OmegaConf.to_container(cfg, resolve=False)
+    _refuse_retyped(plain, blame)
     try:  # Hydra lets `+key=v` through: check the plain values against the schema again
-        merged = OmegaConf.merge(OmegaConf.structured(Recipe), OmegaConf.to_container(cfg, resolve=False))
+        merged = OmegaConf.merge(OmegaConf.structured(Recipe), plain)
         # Interpolations resolve here, verl.overrides included; a `${` left after that
         # (written \${ in the recipe) reaches verl as literal text (overrides.hydra_value).
         recipe: Recipe = OmegaConf.to_object(merged)
@@ -154,11 +156,38 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
 
     from .overrides import apply_cli, flatten, verl_args
 
+    def resolve(value):  # ${...} in a command-line value resolves as it would in the file
+        if not (isinstance(value, str) and "${" in value):
+            return value
+        try:
+            return OmegaConf.merge(plain, {"_vl_value": value})._vl_value
+        except OmegaConfBaseException as e:
+            raise RecipeError(_omegaconf_message(e), where="command line") from None
+
     recipe.verl.overrides = apply_cli(flatten(recipe.verl.overrides, blame),
-                                      [ov.replace(_VERL_PREFIX, "", 1) for ov in verl_ovs])
+                                      [ov.replace(_VERL_PREFIX, "", 1) for ov in verl_ovs], resolve)
     validate(recipe, blame)
     verl_args(recipe, blame)  # a contradicting override is an error of the recipe
     return Loaded(recipe=recipe, config=merged)
+
+
+def _refuse_retyped(plain: dict, blame) -> None:
+    """YAML reads some unquoted values as other types, and the str fields would then hold a
+    different text (`time: 4:00:00` is base-60 14400, `FLAG: false` becomes "False")."""
+    t = (plain.get("cluster") or {}).get("time")
+    if t is not None and not isinstance(t, str):
+        raise RecipeError(f"write it as a quoted string, e.g. \"04:00:00\" (YAML read {t!r})",
+                          where=blame("cluster.time"), key="cluster.time")
+    for name, value in (plain.get("env") or {}).items():
+        if value is not None and not isinstance(value, (str, int)) or isinstance(value, bool):
+            raise RecipeError(f"write it as a quoted string (YAML read {value!r}, a {type(value).__name__})",
+                              where=blame(f"env.{name}"), key=f"env.{name}")
+
+
+def _groups(path: Path) -> set:
+    """Config groups (folders) a `group=choice` override may name."""
+    dirs = [path.parent, shipped_recipes_dir()]
+    return {d.name for base in dirs if base.is_dir() for d in base.iterdir() if d.is_dir()}
 
 
 def _parse_each(overrides: List[str]) -> None:
@@ -221,17 +250,19 @@ def _compose(path: Path, overrides: List[str], blame) -> DictConfig:
 
 
 def _mentions_override(msg: str, overrides: List[str]) -> bool:
-    return any(ov in msg or _key(ov) in msg for ov in overrides)
+    return any(re.search(rf"(?<![\w./-]){re.escape(tok)}(?![\w./-])", msg)
+               for ov in overrides for tok in {ov, _key(ov)})
 
 
-def _blamer(recipe_file: str, overrides: List[str]):
-    """Map a dotted key to where it was set: the command line if an override touched it."""
-    touched = [_key(ov) for ov in overrides]
+def _blamer(recipe_file: str, overrides: List[str], groups: set = frozenset()):
+    """Map a dotted key to where it was set: the command line if an override set it (choosing
+    a group, `cluster=sunk`, does not count as setting the keys under it)."""
+    touched = [_key(ov) for ov in overrides if _key(ov) not in groups]
 
     def blame(key: Optional[str]) -> str:
         if key:
             for t in touched:
-                if key == t or key.startswith(t + ".") or t.startswith(key + "."):
+                if key == t or key.startswith((t + ".", t + "[")) or t.startswith(key + "."):
                     return "command line"
         return recipe_file
 
@@ -263,9 +294,13 @@ _SBATCH_ARG = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(=[^\s'\"\\`$;|<>]+)?$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _OVERRIDE_KEY = re.compile(r"^(\+\+|\+)?[A-Za-z_][\w-]*(\.[A-Za-z_0-9][\w-]*)*$")
 # Directives the launcher writes itself; a duplicate in sbatch_args would fight them.
+# sbatch accepts any unique prefix of an option (getopt_long), so prefixes count too. --export
+# would keep the key from the job; the GPU and memory forms fight cluster.*.
 _OWN_DIRECTIVES = {"nodes", "ntasks-per-node", "ntasks", "gpus-per-node", "cpus-per-task",
                    "job-name", "output", "error", "chdir", "mem", "partition", "account",
-                   "qos", "time", "constraint", "exclusive", "parsable", "wrap"}
+                   "qos", "time", "constraint", "exclusive", "parsable", "wrap", "export",
+                   "export-file", "gres", "gpus", "gpus-per-task", "mem-per-cpu", "mem-per-gpu",
+                   "cpus-per-gpu", "input", "open-mode", "array"}
 # Names the job sets itself, or secrets that must never sit in a recipe.
 _RESERVED_ENV = {"WANDB_API_KEY", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES"}
 
@@ -308,8 +343,9 @@ def validate(r: Recipe, blame) -> None:
         if not _SBATCH_ARG.fullmatch(a):
             bad(f"cluster.sbatch_args[{i}]", f"{a!r} must look like --option or --option=value, without spaces or quotes")
         opt = a[2:].split("=", 1)[0]
-        if opt in _OWN_DIRECTIVES:
-            bad(f"cluster.sbatch_args[{i}]", f"--{opt} is set by the launcher; use the cluster.* field instead")
+        if any(own.startswith(opt) for own in _OWN_DIRECTIVES):
+            bad(f"cluster.sbatch_args[{i}]", f"--{opt} is (a prefix of) an option the launcher sets or "
+                                             "forbids; use the cluster.* fields")
 
     if not r.runtime.python.strip() or _CONTROL.search(r.runtime.python):
         bad("runtime.python", "must be a non-empty interpreter path or name")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 from functools import lru_cache
 from typing import List, Tuple
@@ -80,7 +81,7 @@ def render(r: Recipe) -> str:
     env = _env()
     ctx = dict(
         version=__version__,
-        recipe_file=r.source,
+        recipe_file=re.sub(r"[\x00-\x1f\x7f]", "?", r.source),  # it sits in a comment line
         paths=RunPaths,
         directives=directives(r),
         setup=r.runtime.setup,

@@ -68,10 +68,13 @@ def find_key(r: Recipe, environ: Mapping[str, str]) -> Optional[KeySource]:
     path = os.path.join(home, ".netrc")
     if os.path.isfile(path):
         host = wandb_host(r)
+        read_private_file(path, where=path, key="permissions")  # as strict as the job's check
         try:
             auth = netrc.netrc(path).authenticators(host)
-        except (netrc.NetrcParseError, OSError) as e:
-            raise RecipeError(f"cannot read it: {getattr(e, 'msg', e)}", where=path) from None
+        except netrc.NetrcParseError as e:  # its message may quote another host's password
+            raise RecipeError(f"cannot parse it (line {e.lineno})", where=path) from None
+        except (OSError, UnicodeError):
+            raise RecipeError("cannot read it", where=path) from None
         if auth and auth[2]:
             _check_format(auth[2], where=path, key=f"machine {host}")
             return KeySource(f"~/.netrc ({host})", auth[2])
@@ -92,8 +95,11 @@ def read_private_file(path: str, where: str, key: str) -> str:
     if st.st_mode & 0o077:
         raise RecipeError(f"{path} is readable or writable by group or others (mode "
                           f"{stat.S_IMODE(st.st_mode):04o}): chmod 600 it", where=where, key=key)
-    with open(path) as f:
-        return f.read().strip()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip()
+    except (OSError, UnicodeError):
+        raise RecipeError(f"{path} cannot be read as text", where=where, key=key) from None
 
 
 def _check_format(value: str, where: str, key: str) -> None:

@@ -81,13 +81,20 @@ def schedule(req: SubmitRequest, environ: Optional[Mapping[str, str]] = None) ->
     sbatch = shutil.which(req.command[0])
     if sbatch is None:
         raise SlurmError(f"{req.command[0]} not found on PATH: run this on a Slurm login node")
-    _mkdir_private(p.run_dir)
+    try:
+        _mkdir_private(p.run_dir)
+    except OSError as e:
+        raise RecipeError(f"cannot create the run directory {p.run_dir}: {e.strerror}",
+                          where="paths.runs") from None
     try:
         _write_private(p.script, req.script)
         _write_private(p.recipe, req.recipe_yaml)
-        proc = subprocess.run([sbatch, *req.command[1:]], cwd=p.run_dir, capture_output=True,
-                              text=True, env=dict(environ) if environ is not None else None,
-                              stdin=subprocess.DEVNULL, timeout=120)
+        try:
+            proc = subprocess.run([sbatch, *req.command[1:]], cwd=p.run_dir, capture_output=True,
+                                  text=True, env=dict(environ) if environ is not None else None,
+                                  stdin=subprocess.DEVNULL, timeout=120)
+        except subprocess.TimeoutExpired:
+            raise SlurmError("sbatch did not answer within 120 s (is slurmctld up?)") from None
         if proc.returncode != 0:
             raise SlurmError(f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
         job_id = proc.stdout.strip().split(";")[0]
@@ -130,9 +137,15 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 
 
 def job_info(job_id: str) -> Optional[dict]:
-    """``scontrol show job`` as a dict (JobState, ExitCode, Reason, ...); None once forgotten."""
-    proc = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=60)
+    """``scontrol show job`` as a dict (JobState, ExitCode, Reason, ...); None if Slurm does
+    not answer or no longer knows the job."""
+    try:
+        proc = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL, timeout=60)
+    except FileNotFoundError:
+        raise SlurmError("scontrol not found on PATH: run this on a Slurm login node") from None
+    except subprocess.TimeoutExpired:
+        return None
     if proc.returncode != 0:
         return None
     info = {}
@@ -156,8 +169,15 @@ def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: O
     ``on_change(state_text)`` whenever the Slurm state or the job's phase changes."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
+    misses = 0
     while True:
-        info = job_info(job_id) or {"JobState": "UNKNOWN"}
+        info = job_info(job_id)
+        if info is None and misses < 5:  # a busy slurmctld times out now and then
+            misses += 1
+            time.sleep(poll)
+            continue
+        misses = 0
+        info = info or {"JobState": "UNKNOWN"}
         state = info.get("JobState", "UNKNOWN")
         text = state
         if state == "PENDING" and info.get("Reason") not in (None, "None"):

@@ -13,7 +13,7 @@ step_pids = [int(p) for p in sys.argv[5:]]
 expected = {}  # address -> hostname
 with open(nodes_file) as f:
     for line in f:
-        if line.strip():
+        if len(line.split()) >= 2:
             host, ip = line.split()[:2]
             expected[ip] = host
 want_gpus = gpus_per_node * len(expected)
@@ -36,11 +36,15 @@ def dead_step():
     return None
 
 
+head_host = expected.get(address.rsplit(":", 1)[0])
+
+
 def fail(why, missing):
     say(f"ERROR: Ray not ready: {why}")
     for host in sorted(missing):
         say(f"node {host} did not join")
-        logs = sorted(glob.glob(os.path.join(log_dir, f"ray-*{host}*.log")), key=os.path.getmtime)
+        pattern = "ray-head.r*.log" if host == head_host else f"ray-worker-{glob.escape(host)}.r*.log"
+        logs = sorted(glob.glob(os.path.join(log_dir, pattern)), key=os.path.getmtime)
         if logs:
             with open(logs[-1], errors="replace") as f:
                 for line in f.readlines()[-10:]:

@@ -100,6 +100,20 @@ CASES = [
     Case("bad-verl-override-syntax", key="verl.overrides.data.x", overrides=["verl.overrides.data.x=[1"],
          where=CMDLINE),
     Case("hydra-key-override", key="hydra", overrides=["hydra.job.name=x"], where=CMDLINE),
+    # Found in review: YAML 1.1 reads 4:00:00 as base-60 14400 and `false` as a bool.
+    Case("time-base60", key="cluster.time", raw="defaults:\n  - cluster: sandbox\njob: {name: t}\n"
+         "wandb: {project: p}\ncluster: {time: 4:00:00}\n"),
+    Case("env-bool", key="env.FLAG", edit=_set("env.FLAG", False)),
+    Case("env-dict", key="env.A", edit=_set("env.A", {"b": 1})),
+    Case("verl-sweep-override", key="verl.overrides.data.seed", overrides=["verl.overrides.data.seed=1,2"],
+         where=CMDLINE),
+    Case("verl-unwritable-dict-key", key="verl.overrides.data.items",
+         edit=_set("verl.overrides", {**BASE["verl"]["overrides"], "data.items": [{"a b": 1}]})),
+    Case("sbatch-arg-prefix", key="cluster.sbatch_args[0]", overrides=["cluster.sbatch_args=['--outp=/tmp/x']"],
+         where=CMDLINE),
+    Case("sbatch-arg-export", key="cluster.sbatch_args[0]", edit=_set("cluster.sbatch_args", ["--export=NONE"])),
+    Case("file-error-with-group-override", key="cluster.nodes", edit=_set("cluster.nodes", "two"),
+         overrides=["cluster=sunk"]),
 ]
 
 

@@ -122,3 +122,23 @@ def test_help_and_version(cli):
     from launcher import __version__
 
     assert cli("--version").stdout.strip() == f"verl-launch {__version__}"
+
+
+def test_recipe_path_with_a_newline_cannot_break_out_of_the_header_comment(tmp_path):
+    d = tmp_path / "b\necho INJECTED #"
+    d.mkdir()
+    recipe = d / "r.yaml"
+    recipe.write_text((RECIPES / "sandbox-demo.yaml").read_text())
+    text = render(load(recipe).recipe)
+    assert "\necho INJECTED" not in text
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_comment_only_setup_still_renders_valid_bash():
+    text = _render(RECIPES / "sandbox-demo.yaml", "runtime.setup=['# nothing to do']")
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_command_line_verl_values_resolve_like_the_file(monkeypatch):
+    r = load(RECIPES / "sandbox-demo.yaml", ["verl.overrides.trainer.default_local_dir=${oc.env:HOME}/ckpt/${job.name}"]).recipe
+    assert r.verl.overrides["trainer.default_local_dir"] == "/home/user/ckpt/sandbox-demo"

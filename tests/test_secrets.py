@@ -92,6 +92,27 @@ def test_netrc_entry_for_the_wandb_host_is_a_key_source(cli, clean_env, tmp_path
     assert wandb_key not in proc.stdout and "WANDB_HOST=wandb.example.com" in proc.stdout
 
 
+def test_readable_netrc_is_refused_and_parse_errors_do_not_echo(cli, clean_env, wandb_key):
+    home = Path(clean_env["HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    netrc = home / ".netrc"
+    netrc.write_text(f"machine api.wandb.ai login user password {wandb_key}\n")
+    netrc.chmod(0o644)
+    env = _no_key_env(clean_env)
+    proc = cli("submit", DEMO, "--dry-run", env=env)
+    assert proc.returncode == 2 and "chmod 600" in proc.stderr and wandb_key not in proc.stderr
+    netrc.write_text("machine github.com login me password hunter2 Secr3tPart\n")
+    netrc.chmod(0o600)
+    proc = cli("check", DEMO, env=env)
+    assert proc.returncode == 2 and "cannot parse" in proc.stderr
+    assert "Secr3tPart" not in proc.stderr and "hunter2" not in proc.stderr
+
+
+def test_check_refuses_a_secret_value_in_the_recipe(cli, clean_env, wandb_key):
+    proc = cli("check", DEMO, f"env.OTHER={wandb_key}", env=clean_env)
+    assert proc.returncode == 2 and "env.OTHER" in proc.stderr and wandb_key not in proc.stderr
+
+
 def test_declared_secret_must_be_set_and_is_never_written(cli, clean_env, tmp_path):
     token = "hf_" + "T0k3n" * 8
     proc = cli("submit", DEMO, "secrets=[HF_TOKEN]", "--dry-run", env=clean_env)
