@@ -7,7 +7,6 @@ package's ``recipes/``), and command-line overrides use Hydra's grammar.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import warnings
@@ -128,6 +127,7 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     if path.suffix != ".yaml":
         raise RecipeError("a recipe must be a .yaml file (Hydra composes only .yaml)", where=where)
     overrides = list(overrides)
+    groups = _groups(path)
     hydra_ovs, verl_ovs = [], []
     for ov in overrides:
         key = _key(ov)
@@ -135,12 +135,14 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
             raise RecipeError(f"override '{ov}': hydra.* keys are the launcher's", where="command line")
         if key.startswith(_VERL_PREFIX):
             verl_ovs.append(ov)
-        elif key.startswith("env.") and not ov.startswith(("+", "~")):
-            hydra_ovs.append("++" + ov)  # env is a free-form map: adding a name is the point
-        else:
+        elif ov.startswith(("+", "~")) or key in groups:
             hydra_ovs.append(ov)
+        else:
+            # Any schema key may be set even if the recipe file omits it; a misspelt one is
+            # refused by the schema right after, naming it.
+            hydra_ovs.append("++" + ov)
     _parse_each(overrides)
-    blame = _blamer(where, overrides, _groups(path))
+    blame = _blamer(where, overrides, groups)
     cfg = _compose(path, hydra_ovs, blame)
     plain = OmegaConf.to_container(cfg, resolve=False)
     _refuse_retyped(plain, blame)
@@ -210,18 +212,11 @@ def _key(override: str) -> str:
 
 
 def _compose(path: Path, overrides: List[str], blame) -> DictConfig:
-    """Hydra composes the schema, then the recipe (with its own defaults), then overrides,
-    so that every schema key can be overridden and an unknown one is refused."""
+    """Hydra composes the recipe (with its own defaults list) and the overrides; the schema
+    checks the result afterwards (composing it in costs Hydra ~0.1 s of copies)."""
     from hydra import compose, initialize_config_dir
-    from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException
 
-    cs = ConfigStore.instance()
-    # The schema's keys and defaults as a plain node: every key is there to override (types are
-    # checked right after, once); a structured node here would cost Hydra ~0.1 s of copies.
-    cs.store(name="_verl_launch_schema", node=dataclasses.asdict(Recipe()))
-    cs.store(name="_verl_launch_root",
-             node={"defaults": ["_verl_launch_schema", f"{path.stem}@_global_", "_self_"]})
     search = f"hydra.searchpath=[{_hydra_str('file://' + str(shipped_recipes_dir()))}]"
     # Hydra's own app settings (logging, help, launcher, output dirs) are not used by
     # compose; leaving them out saves ~40 ms of YAML loading per command.
@@ -233,7 +228,7 @@ def _compose(path: Path, overrides: List[str], blame) -> DictConfig:
             warnings.filterwarnings("ignore", message=".*Defaults list is missing `_self_`")
             with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base="1.3",
                                        job_name="verl-launch"):
-                return compose(config_name="_verl_launch_root", overrides=[search, *lean, *overrides])
+                return compose(config_name=path.stem, overrides=[search, *lean, *overrides])
     except HydraException as e:
         cause = e.__cause__
         while cause is not None and not isinstance(cause, OmegaConfBaseException):
@@ -242,7 +237,7 @@ def _compose(path: Path, overrides: List[str], blame) -> DictConfig:
             key = cause.full_key
             raise RecipeError(_omegaconf_message(cause), where=blame(key), key=key) from None
         msg = str(e).split("\nSee https://hydra.cc")[0].split("\nConfig search path")[0]
-        msg = " ".join(msg.replace("_verl_launch_root", path.name).split())
+        msg = " ".join(msg.split())
         where = "command line" if _mentions_override(msg, overrides) else str(path)
         raise RecipeError(msg, where=where) from None
     except (OmegaConfBaseException, ValueError, yaml.YAMLError) as e:  # e.g. YAML syntax errors
