@@ -76,11 +76,24 @@ while True:  # the head's GCS port first: ray.init would block on a closed port
 phase("head-up", address)
 import ray  # noqa: E402  (only once the head answers)
 
-ray.init(address=address, logging_level="ERROR", log_to_driver=False)
 last = None
 joined = False
+connected = False
 while True:
-    alive = {n["NodeManagerAddress"]: n for n in ray.nodes() if n["Alive"]}
+    # Under load a first ray.init or a GCS call can time out: retry until the deadline.
+    try:
+        if not connected:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            connected = True
+        alive = {n["NodeManagerAddress"]: n for n in ray.nodes() if n["Alive"]}
+    except Exception as e:  # noqa: BLE001  (any failure here is "not ready yet")
+        say(f"Ray not answering yet ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
+        if connected:
+            ray.shutdown()
+            connected = False
+        check_deadline_and_steps(set(expected.values()))
+        time.sleep(1)
+        continue
     gpus = sum(n["Resources"].get("GPU", 0) for n in alive.values())
     missing = {h for ip, h in expected.items() if ip not in alive}
     status = f"Ray {len(expected) - len(missing)}/{len(expected)} nodes, {gpus:g}/{want_gpus:g} GPUs"
