@@ -58,9 +58,9 @@ def job_processes(job_id: str) -> list:
 
 def test_two_jobs_share_a_node_without_port_clashes(cli, sandbox, clean_env, tmp_path):
     a = submit(cli, sandbox, clean_env, tmp_path, "cluster.nodes=1", "job.name=share-a",
-               "cluster.sbatch_args=['--nodelist=node3']", "verl.overrides.demo.hold=6")
+               "cluster.sbatch_args=['--nodelist=node3']", "verl.overrides.demo.hold=15")
     b = submit(cli, sandbox, clean_env, tmp_path, "cluster.nodes=1", "job.name=share-b",
-               "cluster.sbatch_args=['--nodelist=node3']", "verl.overrides.demo.hold=6")
+               "cluster.sbatch_args=['--nodelist=node3']", "verl.overrides.demo.hold=15")
     assert sandbox.wait(a["job_id"]) == "COMPLETED", Path(a["stdout"]).read_text()
     assert sandbox.wait(b["job_id"]) == "COMPLETED", Path(b["stdout"]).read_text()
     pa, pb = ({p["phase"]: p for p in phases(x)} for x in (a, b))
