@@ -9,7 +9,7 @@ import sys
 from typing import List, Optional
 
 from . import __version__
-from .errors import EXIT_BAD_INPUT, EXIT_FAILED, RecipeError
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, RecipeError, SlurmError
 
 EPILOG = """\
 Overrides use Hydra's grammar, e.g.  cluster.nodes=4  wandb.experiment=try2
@@ -23,7 +23,8 @@ The W&B key comes from $WANDB_API_KEY, wandb.api_key_file or ~/.netrc; it is nev
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="verl-launch",
-        description="Render, check and submit VERL runs (Ray + Weave tracing) to Slurm.",
+        description="Render, check and submit VERL runs (Ray + Weave tracing) to Slurm, "
+                    "and follow them: list, status, logs, cancel.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"verl-launch {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -44,15 +45,39 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true",
                    help="follow the job until it ends (Ctrl-C detaches; the job keeps running); "
                         "exit 0 if it COMPLETED, 1 otherwise")
+
+    ls = sub.add_parser("list", help="recent runs: job id, name, experiment, state, nodes, elapsed, run dir",
+                        description="Recent runs from the run registry, with their Slurm state (one batched query).")
+    ls.add_argument("-n", type=int, default=20, metavar="N", help="how many runs (default 20)")
+    ls.add_argument("--json", action="store_true", help="one JSON array")
+    st = sub.add_parser("status", help="a run's Slurm state, in-job phase, exit code and W&B links",
+                        description="A run's Slurm state, in-job phase, exit code and W&B links.")
+    st.add_argument("ref", metavar="JOB|RUN_DIR")
+    st.add_argument("--json", action="store_true", help="one JSON object")
+    lg = sub.add_parser("logs", help="print a run's output (-f: follow until the job ends)",
+                        description="Print a run's batch output, or the driver's, or a node's Ray log.")
+    lg.add_argument("ref", metavar="JOB|RUN_DIR")
+    lg.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    which = lg.add_mutually_exclusive_group()
+    which.add_argument("--driver", action="store_true", help="the driver's log")
+    which.add_argument("--node", metavar="NODE", help="that node's Ray log")
+    cn = sub.add_parser("cancel", help="scancel a run and wait for its terminal state",
+                        description="scancel a run, wait for its terminal state, and record it in the run.")
+    cn.add_argument("ref", metavar="JOB|RUN_DIR")
     return p
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return {"render": cmd_render, "check": cmd_check, "submit": cmd_submit}[args.command](args)
+        from .jobs import cmd_cancel, cmd_list, cmd_logs, cmd_status
+
+        return {"render": cmd_render, "check": cmd_check, "submit": cmd_submit, "list": cmd_list,
+                "status": cmd_status, "logs": cmd_logs, "cancel": cmd_cancel}[args.command](args)
     except RecipeError as e:
         return _fail(f"error: {e}", EXIT_BAD_INPUT)
+    except SlurmError as e:
+        return _fail(f"error: {e}", EXIT_FAILED)
     except KeyboardInterrupt:
         return 130
 
@@ -106,7 +131,7 @@ def cmd_check(args) -> int:
 
 def cmd_submit(args) -> int:
     from .secrets import require
-    from .slurm import SlurmError, plan, schedule
+    from .slurm import plan, schedule
 
     loaded = _load(args)
     require(loaded.recipe, os.environ)
@@ -147,7 +172,7 @@ def cmd_submit(args) -> int:
 def _wait(done, out) -> dict:
     import time
 
-    from .slurm import SlurmError, watch
+    from .slurm import watch
 
     t0 = time.monotonic()
 

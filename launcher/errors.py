@@ -18,3 +18,7 @@ class RecipeError(Exception):
     def __str__(self) -> str:
         field = f"{self.key}: " if self.key else ""
         return f"{self.where}: {field}{self.message}"
+
+
+class SlurmError(Exception):
+    """A Slurm command failed, or the run asked for is unknown (exit code 1)."""

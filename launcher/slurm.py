@@ -20,14 +20,11 @@ from typing import List, Mapping, Optional
 
 from omegaconf import OmegaConf
 
-from .errors import RecipeError
+from .errors import RecipeError, SlurmError
+from . import registry
 from .paths import RunPaths
 from .recipe import Loaded
 from .render import render
-
-
-class SlurmError(Exception):
-    """A Slurm command failed (exit code 1, nothing left behind)."""
 
 
 @dataclass
@@ -64,7 +61,7 @@ def plan(loaded: Loaded, now: Optional[float] = None) -> SubmitRequest:
     run_dir = runs / r.job.name / f"{stamp}-{_random.token_hex(2)}"
     meta = {"recipe": r.source, "job_name": r.job.name, "experiment": r.experiment,
             "project": r.wandb.project, "entity": r.wandb.entity, "nodes": r.cluster.nodes,
-            "gpus_per_node": r.cluster.gpus_per_node, "created": now}
+            "gpus_per_node": r.cluster.gpus_per_node, "wandb_base_url": r.wandb.base_url, "created": now}
     return SubmitRequest(paths=RunPaths(run_dir), script=render(r),
                          recipe_yaml=resolved_yaml(r), meta=meta)
 
@@ -106,6 +103,7 @@ def schedule(req: SubmitRequest, environ: Optional[Mapping[str, str]] = None) ->
     record = dict(req.meta, job_id=job_id, run_dir=str(p.run_dir), command=str(req),
                   submitted=time.time())
     _write_private(p.record, json.dumps(record, indent=2) + "\n")
+    registry.record(record)
     return Submitted(job_id=job_id, paths=p)
 
 
@@ -193,3 +191,84 @@ def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: O
         if deadline is not None and time.monotonic() > deadline:
             return info
         time.sleep(poll)
+
+
+# ----------------------------------------------------------------------------- many runs at once
+SACCT_FIELDS = "JobID,State,ExitCode,WorkDir,Start,End"
+_CHUNK = 300  # job ids per sacct call: bounded command lines, bounded calls
+
+
+def _run(cmd: List[str]) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    except FileNotFoundError:
+        raise SlurmError(f"{cmd[0]} not found on PATH: run this on a Slurm login node") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{cmd[0]} did not answer within 60 s (is slurmctld up?)") from None
+
+
+def _controller_jobs() -> dict:
+    """Every job slurmctld still remembers (queued, running, recently ended): one call."""
+    out = {}
+    for line in _run(["scontrol", "show", "job", "--oneliner"]).stdout.splitlines():
+        info = {}
+        for tok in line.split():
+            if "=" in tok:
+                k, v = tok.split("=", 1)
+                info.setdefault(k, v)
+        if "JobId" in info:
+            out[info["JobId"]] = {"state": info.get("JobState", "UNKNOWN"), "exit_code": info.get("ExitCode"),
+                                  "reason": info.get("Reason"), "work_dir": info.get("WorkDir"),
+                                  "start": info.get("StartTime"), "end": info.get("EndTime"),
+                                  "source": "scontrol"}
+    return out
+
+
+def _accounting(job_ids: List[str]) -> dict:
+    """Ended jobs from accounting (slurmdbd), else from the job-completion log (`sacct -c`)."""
+    out = {}
+    for i in range(0, len(job_ids), _CHUNK):
+        ids = ",".join(job_ids[i:i + _CHUNK])
+        for source, extra in (("sacct", ["-X"]), ("jobcomp", ["-c"])):
+            proc = _run(["sacct", *extra, "-n", "-P", "-j", ids, "-o", SACCT_FIELDS])
+            if proc.returncode == 0:
+                break
+        else:
+            return out  # no accounting of any kind: the controller's memory is all there is
+        for line in proc.stdout.splitlines():
+            jid, state, code, work_dir, start, end = (line.split("|") + [""] * 6)[:6]
+            if jid.isdigit():
+                out[jid] = {"state": state.split()[0] if state else "UNKNOWN", "exit_code": code,
+                            "reason": None, "work_dir": work_dir, "start": start, "end": end,
+                            "source": source}
+    return out
+
+
+def states(runs: List[dict]) -> dict:
+    """Slurm's view of registered runs, keyed by job id, in a bounded number of Slurm calls
+    (one scontrol, then one sacct per 300 ended jobs). A job is matched by its working
+    directory, the run's own directory, so a job id that Slurm reused for another job does not
+    make an old run report the new job's state."""
+    def mine(run, info):
+        return info is not None and info.get("work_dir") in (None, "", run.get("run_dir"))
+
+    ctl = _controller_jobs()
+    out, rest = {}, []
+    for run in runs:
+        info = ctl.get(run["job_id"])
+        if mine(run, info):
+            out[run["job_id"]] = info
+        else:
+            rest.append(run)
+    if rest:
+        acc = _accounting(sorted({r["job_id"] for r in rest}, key=int))
+        for run in rest:
+            info = acc.get(run["job_id"])
+            out[run["job_id"]] = info if mine(run, info) else {"state": "UNKNOWN", "source": "none"}
+    return out
+
+
+def cancel(job_id: str) -> None:
+    proc = _run(["scancel", job_id])
+    if proc.returncode != 0:
+        raise SlurmError(f"scancel {job_id} failed: {proc.stderr.strip()}")

@@ -1,0 +1,144 @@
+"""The job toolkit's commands: list, status, logs, cancel. Slurm is asked through slurm.py
+(batched), runs are found through the registry."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from .errors import SlurmError
+from .paths import RunPaths
+from . import registry, slurm
+
+
+def _run_or_fail(ref: str) -> dict:
+    run = registry.find(ref)
+    if run is None:
+        raise SlurmError(f"no run with job id or run directory {ref!r} in {registry.registry_file()}")
+    return run
+
+
+def _elapsed(run: dict, info: dict) -> str:
+    def ts(s):
+        try:
+            return time.mktime(time.strptime(s, "%Y-%m-%dT%H:%M:%S"))
+        except (TypeError, ValueError):
+            return None
+    start, end = ts(info.get("start")), ts(info.get("end"))
+    if start is None:
+        return "-"
+    secs = int((end or time.time()) - start)
+    return f"{secs // 3600}:{secs // 60 % 60:02d}:{secs % 60:02d}"
+
+
+def _row(run: dict, info: dict) -> dict:
+    phase = slurm.last_phase(RunPaths(Path(run["run_dir"])))
+    return {"job_id": run["job_id"], "name": run.get("job_name"), "experiment": run.get("experiment"),
+            "state": info.get("state", "UNKNOWN"), "exit_code": info.get("exit_code"),
+            "reason": info.get("reason"), "phase": phase["phase"] if phase else None,
+            "phase_detail": phase.get("detail") if phase else None, "nodes": run.get("nodes"),
+            "elapsed": _elapsed(run, info), "run_dir": run["run_dir"], "source": info.get("source")}
+
+
+def cmd_list(args) -> int:
+    runs = registry.runs()[-args.n:] if args.n > 0 else []
+    info = slurm.states(runs) if runs else {}
+    rows = [_row(r, info.get(r["job_id"], {})) for r in reversed(runs)]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'JOBID':>8}  {'NAME':<16} {'EXPERIMENT':<22} {'STATE':<11} {'NODES':>5} {'ELAPSED':>9}  RUN DIR")
+    for r in rows:
+        print(f"{r['job_id']:>8}  {str(r['name'])[:16]:<16} {str(r['experiment'])[:22]:<22} "
+              f"{r['state'][:11]:<11} {str(r['nodes']):>5} {r['elapsed']:>9}  {r['run_dir']}")
+    return 0
+
+
+def wandb_links(run: dict) -> dict:
+    project, entity = run.get("project"), run.get("entity")
+    if not project:
+        return {}
+    base = (run.get("wandb_base_url") or "https://wandb.ai").rstrip("/").replace("://api.wandb.ai", "://wandb.ai")
+    if not entity:
+        return {"project": f"{base}/<your default entity>/{project}"}
+    return {"project": f"{base}/{entity}/{project}", "traces": f"{base}/{entity}/{project}/weave/traces"}
+
+
+def cmd_status(args) -> int:
+    run = _run_or_fail(args.ref)
+    row = _row(run, slurm.states([run])[run["job_id"]])
+    row["links"] = wandb_links(run)
+    row["stdout"] = str(RunPaths(Path(run["run_dir"])).stdout(run["job_id"]))
+    if args.json:
+        print(json.dumps(row))
+        return 0
+    state = row["state"] + (f" ({row['reason']})" if row["state"] == "PENDING" and row["reason"] else "")
+    print(f"job        {row['job_id']} ({row['name']}, experiment {row['experiment']})")
+    ended = row["state"] in slurm.TERMINAL
+    print(f"state      {state}" + (f", exit code {row['exit_code']}" if ended and row["exit_code"] else ""))
+    if row["phase"]:
+        print(f"phase      {row['phase']}" + (f" ({row['phase_detail']})" if row["phase_detail"] else ""))
+    print(f"elapsed    {row['elapsed']}")
+    print(f"run dir    {row['run_dir']}")
+    print(f"output     {row['stdout']}")
+    for name, url in row["links"].items():
+        print(f"W&B {name:<7} {url}")
+    return 0
+
+
+def _log_file(run: dict, args) -> Path:
+    p = RunPaths(Path(run["run_dir"]))
+    if not (args.driver or args.node):
+        return p.stdout(run["job_id"])
+    if args.driver:
+        pattern = "driver.r*.log"
+    elif list(p.logs.glob(f"ray-worker-{args.node}.r*.log")):
+        pattern = f"ray-worker-{args.node}.r*.log"
+    else:  # the head has no worker log of its own
+        pattern = "ray-head.r*.log"
+    logs = sorted(p.logs.glob(pattern), key=lambda f: f.stat().st_mtime)
+    if not logs:
+        raise SlurmError(f"no log matching {p.logs / pattern} (yet)")
+    return logs[-1]
+
+
+def cmd_logs(args) -> int:
+    run = _run_or_fail(args.ref)
+    path = _log_file(run, args)
+    pos = 0
+    last_check = 0.0
+    while True:
+        if path.exists():
+            with open(path, "rb") as f:
+                f.seek(pos)
+                chunk = f.read()
+                pos += len(chunk)
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+        if not args.follow:
+            return 0
+        if time.monotonic() - last_check >= 5:  # one scontrol every 5 s, not every read
+            last_check = time.monotonic()
+            info = slurm.job_info(run["job_id"])
+            ended = info is None or info.get("JobState") in slurm.TERMINAL
+            if ended and (not path.exists() or path.stat().st_size == pos):
+                return 0
+        time.sleep(1)
+
+
+def cmd_cancel(args) -> int:
+    run = _run_or_fail(args.ref)
+    slurm.cancel(run["job_id"])
+    paths = RunPaths(Path(run["run_dir"]))
+    final = slurm.watch(run["job_id"], paths, lambda text: None, poll=1.0, timeout=120)
+    state = final.get("JobState", "UNKNOWN")
+    try:
+        rec = json.loads(paths.record.read_text())
+        rec.update(cancelled=time.time(), final_state=state)
+        paths.record.write_text(json.dumps(rec, indent=2) + "\n")
+    except (OSError, ValueError):
+        pass
+    print(f"job {run['job_id']} {state}")
+    return 0 if state in ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT") else 1

@@ -1,0 +1,51 @@
+"""The run registry: one JSON line per submitted run, so that `list` and `status` know a
+user's runs without asking Slurm to search. It runs no Slurm command."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import List, Optional
+
+
+def registry_file() -> Path:
+    """``$VERL_LAUNCH_STATE/runs.jsonl``, else under ``$XDG_STATE_HOME`` (~/.local/state)."""
+    base = os.environ.get("VERL_LAUNCH_STATE") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "verl-launch")
+    return Path(base) / "runs.jsonl"
+
+
+def record(run: dict) -> None:
+    path = registry_file()
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a") as f:
+        f.write(json.dumps(run, sort_keys=True) + "\n")
+
+
+def runs() -> List[dict]:
+    """Every recorded run, oldest first (unreadable lines are skipped)."""
+    try:
+        lines = registry_file().read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def find(ref: str) -> Optional[dict]:
+    """The newest run whose job id is ``ref``, or whose run directory is ``ref``."""
+    path = os.path.abspath(ref) if ("/" in ref or os.path.isdir(ref)) else None
+    for run in reversed(runs()):
+        if run.get("job_id") == ref or (path and run.get("run_dir") == path):
+            return run
+    if path and os.path.isfile(os.path.join(path, "run.json")):  # a run dir from elsewhere
+        with open(os.path.join(path, "run.json")) as f:
+            return json.load(f)
+    return None

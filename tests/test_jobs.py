@@ -1,0 +1,99 @@
+"""The job toolkit on the real sandbox: list, status, logs -f, cancel, submit --wait; bounded
+Slurm queries for many runs; a job id reused by Slurm does not leak into an old run."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, submit_json
+
+pytestmark = pytest.mark.sandbox
+
+
+@pytest.fixture
+def env(sandbox, clean_env, tmp_path):
+    return sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
+
+
+def _submit(cli, env, tmp_path, *overrides):
+    return submit_json(cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
+                           f"paths.runs={tmp_path / 'runs'}", "wandb.entity=team", *overrides, "--json", env=env))
+
+
+def test_list_status_logs_and_cancel(cli, sandbox, env, tmp_path):
+    a = _submit(cli, env, tmp_path)
+    b = _submit(cli, env, tmp_path, "verl.overrides.demo.hold=300", "job.name=long-one")
+    follow = cli("logs", a["job_id"], "-f", env=env, timeout=180)  # returns when the job ends
+    assert follow.returncode == 0 and "phase driver-end (rc=0)" in follow.stdout
+    st = json.loads(cli("status", a["job_id"], "--json", env=env).stdout)
+    assert st["state"] == "COMPLETED" and st["exit_code"] == "0:0" and st["phase"] == "teardown"
+    assert st["links"]["traces"] == "https://wandb.ai/team/verl-launch-demo/weave/traces"
+    assert json.loads(cli("status", a["run_dir"], "--json", env=env).stdout)["job_id"] == a["job_id"]
+    driver = cli("logs", a["job_id"], "--driver", env=env)
+    assert "verl-launch sandbox demo" in driver.stdout
+    assert "169.254.77.12" in cli("logs", a["job_id"], "--node", "node2", env=env).stdout  # its own address
+    rows = json.loads(cli("list", "--json", env=env).stdout)
+    assert [r["job_id"] for r in rows] == [b["job_id"], a["job_id"]]
+    assert rows[0]["name"] == "long-one" and rows[0]["state"] in ("PENDING", "RUNNING")
+    table = cli("list", env=env).stdout
+    assert a["job_id"] in table and "COMPLETED" in table
+    cancel = cli("cancel", b["job_id"], env=env, timeout=180)
+    assert cancel.returncode == 0 and "CANCELLED" in cancel.stdout
+    assert json.loads(Path(b["run_dir"], "run.json").read_text())["final_state"] == "CANCELLED"
+    assert json.loads(cli("status", b["job_id"], "--json", env=env).stdout)["state"] == "CANCELLED"
+    unknown = cli("status", "999999", env=env)
+    assert unknown.returncode == 1 and "no run" in unknown.stderr
+
+
+def test_submit_wait_reports_the_end_and_exit_code(cli, sandbox, env, tmp_path):
+    proc = cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
+               f"paths.runs={tmp_path / 'runs'}", "verl.overrides.demo.exit_code=4", "--wait", env=env, timeout=240)
+    assert proc.returncode == 1
+    assert "RUNNING" in proc.stdout and "FAILED exit code 4:0" in proc.stdout
+
+
+def _counting_path(tmp_path: Path, env: dict) -> tuple[dict, Path]:
+    """Wrappers that log each call of Slurm's query commands, then run the real one."""
+    bindir, log = tmp_path / "count-bin", tmp_path / "calls.log"
+    bindir.mkdir()
+    for cmd in ("scontrol", "sacct", "squeue"):
+        real = next(Path(d, cmd) for d in env["PATH"].split(os.pathsep) if Path(d, cmd).is_file())
+        w = bindir / cmd
+        w.write_text(f'#!/bin/sh\necho {cmd} >> "{log}"\nexec "{real}" "$@"\n')
+        w.chmod(w.stat().st_mode | stat.S_IXUSR)
+    return dict(env, PATH=f"{bindir}{os.pathsep}{env['PATH']}"), log
+
+
+def test_status_of_200_runs_takes_a_bounded_number_of_queries(cli, sandbox, env, tmp_path):
+    real = _submit(cli, env, tmp_path)
+    sandbox.wait(real["job_id"])
+    state = Path(env["VERL_LAUNCH_STATE"])
+    with open(state / "runs.jsonl", "a") as f:
+        for i in range(199):  # runs whose jobs Slurm has long forgotten, and one it knows
+            f.write(json.dumps({"job_id": str(500000 + i), "run_dir": str(tmp_path / f"old{i}"),
+                                "job_name": "old"}) + "\n")
+    counted, log = _counting_path(tmp_path, env)
+    rows = json.loads(cli("list", "-n", "200", "--json", env=counted).stdout)
+    assert len(rows) == 200
+    assert {r["job_id"]: r["state"] for r in rows}[real["job_id"]] == "COMPLETED"
+    calls = log.read_text().split()
+    assert len(calls) <= 3, calls  # one scontrol, one sacct (and its job-completion fallback)
+
+
+def test_reused_job_id_does_not_report_another_jobs_state(cli, sandbox, env, tmp_path):
+    """Slurm restarts its ids when its state is wiped; a run must match its own job (by its run
+    directory), never whatever job now holds the id."""
+    real = _submit(cli, env, tmp_path)
+    sandbox.wait(real["job_id"])
+    with open(Path(env["VERL_LAUNCH_STATE"]) / "runs.jsonl", "a") as f:
+        f.write(json.dumps({"job_id": real["job_id"], "run_dir": str(tmp_path / "an-older-run"),
+                            "job_name": "older"}) + "\n")
+    st = json.loads(cli("status", str(tmp_path / "an-older-run"), "--json", env=env).stdout)
+    assert st["state"] == "UNKNOWN"
+    assert json.loads(cli("status", real["run_dir"], "--json", env=env).stdout)["state"] == "COMPLETED"
