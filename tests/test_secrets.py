@@ -75,12 +75,17 @@ def test_no_key_anywhere_is_refused(cli, clean_env, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_netrc_entry_for_the_wandb_host_is_a_key_source(cli, clean_env, tmp_path, wandb_key):
-    home = Path(clean_env["HOME"])
+def _netrc(env: dict, text: str, mode: int) -> Path:
+    home = Path(env["HOME"])
     home.mkdir(parents=True, exist_ok=True)
     netrc = home / ".netrc"
-    netrc.write_text(f"machine wandb.example.com\n  login user\n  password {wandb_key}\n")
-    netrc.chmod(0o600)
+    netrc.write_text(text)
+    netrc.chmod(mode)
+    return netrc
+
+
+def test_netrc_entry_for_the_wandb_host_is_a_key_source(cli, clean_env, tmp_path, wandb_key):
+    _netrc(clean_env, f"machine wandb.example.com\n  login user\n  password {wandb_key}\n", 0o600)
     env = _no_key_env(clean_env)
     # Only the entry for the recipe's W&B host counts.
     proc = cli("check", DEMO, env=env)
@@ -93,11 +98,7 @@ def test_netrc_entry_for_the_wandb_host_is_a_key_source(cli, clean_env, tmp_path
 
 
 def test_readable_netrc_is_refused_and_parse_errors_do_not_echo(cli, clean_env, wandb_key):
-    home = Path(clean_env["HOME"])
-    home.mkdir(parents=True, exist_ok=True)
-    netrc = home / ".netrc"
-    netrc.write_text(f"machine api.wandb.ai login user password {wandb_key}\n")
-    netrc.chmod(0o644)
+    netrc = _netrc(clean_env, f"machine api.wandb.ai login user password {wandb_key}\n", 0o644)
     env = _no_key_env(clean_env)
     proc = cli("submit", DEMO, "--dry-run", env=env)
     assert proc.returncode == 2 and "chmod 600" in proc.stderr and wandb_key not in proc.stderr
