@@ -137,17 +137,16 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
 def job_info(job_id: str) -> Optional[dict]:
     """``scontrol show job`` as a dict (JobState, ExitCode, Reason, ...); None if Slurm does
     not answer or no longer knows the job."""
-    try:
-        proc = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True,
-                              text=True, stdin=subprocess.DEVNULL, timeout=60)
-    except FileNotFoundError:
-        raise SlurmError("scontrol not found on PATH: run this on a Slurm login node") from None
-    except subprocess.TimeoutExpired:
+    proc = _run(["scontrol", "show", "job", "--oneliner", job_id], timeout_ok=True)
+    if proc is None or proc.returncode != 0:
         return None
-    if proc.returncode != 0:
-        return None
+    return _fields(proc.stdout)
+
+
+def _fields(line: str) -> dict:
+    """One `scontrol --oneliner` record: Key=Value tokens (the first of a repeated key wins)."""
     info = {}
-    for tok in proc.stdout.split():
+    for tok in line.split():
         if "=" in tok:
             k, v = tok.split("=", 1)
             info.setdefault(k, v)
@@ -198,12 +197,16 @@ SACCT_FIELDS = "JobID,State,ExitCode,WorkDir,Start,End"
 _CHUNK = 300  # job ids per sacct call: bounded command lines, bounded calls
 
 
-def _run(cmd: List[str]) -> subprocess.CompletedProcess:
+def _run(cmd: List[str], timeout_ok: bool = False) -> Optional[subprocess.CompletedProcess]:
+    """A Slurm query; a missing command is an error, and so is a timeout unless the caller
+    polls anyway (``timeout_ok``: then None)."""
     try:
         return subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
     except FileNotFoundError:
         raise SlurmError(f"{cmd[0]} not found on PATH: run this on a Slurm login node") from None
     except subprocess.TimeoutExpired:
+        if timeout_ok:
+            return None
         raise SlurmError(f"{cmd[0]} did not answer within 60 s (is slurmctld up?)") from None
 
 
@@ -211,11 +214,7 @@ def _controller_jobs() -> dict:
     """Every job slurmctld still remembers (queued, running, recently ended): one call."""
     out = {}
     for line in _run(["scontrol", "show", "job", "--oneliner"]).stdout.splitlines():
-        info = {}
-        for tok in line.split():
-            if "=" in tok:
-                k, v = tok.split("=", 1)
-                info.setdefault(k, v)
+        info = _fields(line)
         if "JobId" in info:
             out[info["JobId"]] = {"state": info.get("JobState", "UNKNOWN"), "exit_code": info.get("ExitCode"),
                                   "reason": info.get("Reason"), "work_dir": info.get("WorkDir"),
