@@ -70,10 +70,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        from .jobs import cmd_cancel, cmd_list, cmd_logs, cmd_status
+        own = {"render": cmd_render, "check": cmd_check, "submit": cmd_submit}
+        if args.command in own:
+            return own[args.command](args)
+        from . import jobs  # the job toolkit: not loaded for rendering
 
-        return {"render": cmd_render, "check": cmd_check, "submit": cmd_submit, "list": cmd_list,
-                "status": cmd_status, "logs": cmd_logs, "cancel": cmd_cancel}[args.command](args)
+        return getattr(jobs, f"cmd_{args.command}")(args)
     except RecipeError as e:
         return _fail(f"error: {e}", EXIT_BAD_INPUT)
     except SlurmError as e:
