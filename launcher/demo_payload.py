@@ -4,7 +4,7 @@ Run by the rendered script in place of ``verl.trainer.main_ppo``, with the same 
 Hydra overrides) and ``RAY_ADDRESS``. It parses the argv with Hydra's own override parser,
 runs one task on every Ray node and one per GPU, reports the W&B settings each node's
 processes see (the key only as present/absent and a short digest), writes
-``demo-report.json`` into the run directory, and exits non-zero if the cluster does not
+``demo-report.r<restart>.json`` into the run directory, and exits non-zero if the cluster does not
 match ``trainer.nnodes`` x ``trainer.n_gpus_per_node``. ``demo.exit_code=N`` makes it exit N
 after reporting (to show a failing entrypoint), ``demo.hold=S`` sleeps S seconds first.
 """
@@ -19,6 +19,8 @@ import sys
 import time
 
 WANDB_VARS = ("WANDB_PROJECT", "WANDB_NAME", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_RUN_ID", "WANDB_RESUME")
+# What a requeued job's trainer sees: the restart count, and the checkpoint deadline for verl.
+JOB_VARS = ("SLURM_RESTART_COUNT", "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP")
 # The demo recipe's runtime.setup exports SETUP_HOST=$(hostname): where setup ran for a process.
 SETUP_VAR = "SETUP_HOST"
 ECHO_PREFIX = "DEMO_ECHO_"  # variables reported verbatim (the tests pass hostile values this way)
@@ -31,7 +33,7 @@ def what_i_see() -> dict:
         "pid": os.getpid(),
         "wandb_api_key": {"present": bool(key),
                           "sha256_12": hashlib.sha256(key.encode()).hexdigest()[:12] if key else None},
-        **{v: os.environ.get(v) for v in (*WANDB_VARS, SETUP_VAR)},
+        **{v: os.environ.get(v) for v in (*WANDB_VARS, *JOB_VARS, SETUP_VAR)},
         "echo": {k: v for k, v in os.environ.items() if k.startswith(ECHO_PREFIX)},
     }
 
@@ -84,7 +86,8 @@ def main(argv: list) -> int:
         "cluster_gpus": gpus,
         "gpu_tasks": gpu_tasks,
     }
-    with open("demo-report.json", "w") as f:
+    restart = os.environ.get("SLURM_RESTART_COUNT", "0")
+    with open(f"demo-report.r{restart}.json", "w") as f:
         json.dump(report, f, indent=2, default=str)
     ray.shutdown()
 

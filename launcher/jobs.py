@@ -38,14 +38,15 @@ def _row(run: dict, info: dict) -> dict:
     return {"job_id": run["job_id"], "name": run.get("job_name"), "experiment": run.get("experiment"),
             "state": info.get("state", "UNKNOWN"), "exit_code": info.get("exit_code"),
             "reason": info.get("reason"), "phase": phase["phase"] if phase else None,
-            "phase_detail": phase.get("detail") if phase else None, "nodes": run.get("nodes"),
+            "phase_detail": phase.get("detail") if phase else None,
+            "restart": phase.get("restart", 0) if phase else 0, "nodes": run.get("nodes"),
             "elapsed": _elapsed(run, info), "run_dir": run["run_dir"], "source": info.get("source")}
 
 
 def cmd_list(args) -> int:
     runs = registry.runs()[-args.n:] if args.n > 0 else []
     info = slurm.states(runs) if runs else {}
-    rows = [_row(r, info.get(r["job_id"], {})) for r in reversed(runs)]
+    rows = [_row(r, info.get(r["run_dir"], {})) for r in reversed(runs)]
     if args.json:
         print(json.dumps(rows))
         return 0
@@ -68,7 +69,7 @@ def wandb_links(run: dict) -> dict:
 
 def cmd_status(args) -> int:
     run = _run_or_fail(args.ref)
-    row = _row(run, slurm.states([run])[run["job_id"]])
+    row = _row(run, slurm.states([run])[run["run_dir"]])
     row["links"] = wandb_links(run)
     row["stdout"] = str(RunPaths(Path(run["run_dir"])).stdout(run["job_id"]))
     if args.json:
@@ -79,7 +80,8 @@ def cmd_status(args) -> int:
     ended = row["state"] in slurm.TERMINAL
     print(f"state      {state}" + (f", exit code {row['exit_code']}" if ended and row["exit_code"] else ""))
     if row["phase"]:
-        print(f"phase      {row['phase']}" + (f" ({row['phase_detail']})" if row["phase_detail"] else ""))
+        print(f"phase      {row['phase']}" + (f" ({row['phase_detail']})" if row["phase_detail"] else "")
+              + (f", restart {row['restart']}" if row["restart"] else ""))
     print(f"elapsed    {row['elapsed']}")
     print(f"run dir    {row['run_dir']}")
     print(f"output     {row['stdout']}")
@@ -122,7 +124,7 @@ def cmd_logs(args) -> int:
         if time.monotonic() - last_check >= 5:  # one scontrol every 5 s, not every read
             last_check = time.monotonic()
             info = slurm.job_info(run["job_id"])
-            ended = info is None or info.get("JobState") in slurm.TERMINAL
+            ended = info is None or slurm.ended(info)
             if ended and (not path.exists() or path.stat().st_size == pos):
                 return 0
         time.sleep(1)

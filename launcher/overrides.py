@@ -30,6 +30,8 @@ def derived(r: Recipe) -> Dict[str, Tuple[Any, str]]:
         d["trainer.project_name"] = (r.wandb.project, "wandb.project")
     d["trainer.experiment_name"] = (r.experiment, "wandb.experiment")
     d["trainer.logger"] = (["console", "wandb"] if r.wandb.enabled else ["console"], "wandb.enabled")
+    if r.cluster.requeue:  # a restarted job continues from its latest checkpoint
+        d["trainer.resume_mode"] = ("auto", "cluster.requeue")
     d["trainer.nnodes"] = (r.cluster.nodes, "cluster.nodes")
     d["trainer.n_gpus_per_node"] = (r.cluster.gpus_per_node, "cluster.gpus_per_node")
     return d

@@ -48,6 +48,11 @@ class Cluster:
     network_interface: Optional[str] = None  # e.g. ib0: Ray uses its address on every node
     port_range: List[int] = field(default_factory=lambda: [20000, 59999])  # Ray's ports, per job a block
     worker_ports: int = 200  # Ray worker ports per node per job
+    # Preemption and time limits: --requeue, and USR1 this many seconds before the limit; the
+    # job then tears down and requeues itself, at most max_restarts times, and resumes.
+    requeue: bool = False
+    signal_seconds: int = 300
+    max_restarts: int = 3
 
 
 @dataclass
@@ -170,6 +175,9 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
                                       [ov.replace(_VERL_PREFIX, "", 1) for ov in verl_ovs], resolve)
     validate(recipe, blame)
     verl_args(recipe, blame)  # a contradicting override is an error of the recipe
+    from .checks import check
+
+    check(recipe, blame)
     return Loaded(recipe=recipe, config=merged)
 
 
@@ -177,7 +185,9 @@ def _refuse_retyped(plain: dict, blame) -> None:
     """YAML reads some unquoted values as other types, and the str fields would then hold a
     different text (`time: 4:00:00` is base-60 14400, `FLAG: false` becomes "False")."""
     t = (plain.get("cluster") or {}).get("time")
-    if t is not None and not isinstance(t, str):
+    if isinstance(t, int) and not isinstance(t, bool) and blame("cluster.time") == "command line":
+        plain["cluster"]["time"] = str(t)  # Hydra's grammar has no base-60: `time=30` is minutes
+    elif t is not None and not isinstance(t, str):
         raise RecipeError(f"write it as a quoted string, e.g. \"04:00:00\" (YAML read {t!r})",
                           where=blame("cluster.time"), key="cluster.time")
     for name, value in (plain.get("env") or {}).items():
@@ -295,7 +305,8 @@ _OWN_DIRECTIVES = {"nodes", "ntasks-per-node", "ntasks", "gpus-per-node", "cpus-
                    "job-name", "output", "error", "chdir", "mem", "partition", "account",
                    "qos", "time", "constraint", "exclusive", "parsable", "wrap", "export",
                    "export-file", "gres", "gpus", "gpus-per-task", "mem-per-cpu", "mem-per-gpu",
-                   "cpus-per-gpu", "input", "open-mode", "array"}
+                   "cpus-per-gpu", "input", "open-mode", "array", "requeue", "no-requeue",
+                   "signal"}
 # Names the job sets itself, or secrets that must never sit in a recipe.
 _RESERVED_ENV = {"WANDB_API_KEY", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES"}
 
@@ -330,6 +341,10 @@ def validate(r: Recipe, blame) -> None:
         bad("cluster.worker_ports", "must be at least 16")
     elif c.port_range[1] - c.port_range[0] + 1 < 9 + c.worker_ports:
         bad("cluster.port_range", f"too small for one job's {9 + c.worker_ports} Ray ports")
+    if c.signal_seconds < 1 or c.signal_seconds > 65535:
+        bad("cluster.signal_seconds", f"must be 1-65535 seconds (sbatch --signal), got {c.signal_seconds}")
+    if c.max_restarts < 0:
+        bad("cluster.max_restarts", f"must be 0 or more, got {c.max_restarts}")
     if c.time is not None and not _TIME.fullmatch(c.time):
         bad("cluster.time", f"{c.time!r} is not a Slurm time (minutes, HH:MM:SS or D-HH:MM:SS)")
     if c.mem is not None and not _MEM.fullmatch(c.mem):

@@ -56,6 +56,8 @@ def directives(r: Recipe) -> List[str]:
     if c.exclusive:
         d.append("--exclusive")
     d.append("--output=slurm-%j.out")
+    if c.requeue:  # keep the first run's output; USR1 to the batch shell ahead of the limit
+        d += ["--requeue", "--open-mode=append", f"--signal=B:USR1@{c.signal_seconds}"]
     d.extend(c.sbatch_args)
     return d
 
@@ -99,6 +101,9 @@ def render(r: Recipe) -> str:
         cpus=r.cluster.cpus_per_task,
         object_store_memory=r.cluster.object_store_memory,
         ready_timeout=r.cluster.ready_timeout,
+        requeue=r.cluster.requeue,
+        signal_seconds=r.cluster.signal_seconds,
+        max_restarts=r.cluster.max_restarts,
         network_interface=r.cluster.network_interface or "",
         port_min=r.cluster.port_range[0],
         worker_ports=r.cluster.worker_ports,

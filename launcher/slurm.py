@@ -134,6 +134,12 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
+def ended(info: dict) -> bool:
+    """A terminal state; a preempted job that Slurm will requeue is not over."""
+    state = info.get("JobState", "UNKNOWN")
+    return state in TERMINAL and not (state == "PREEMPTED" and info.get("Requeue") == "1")
+
+
 def job_info(job_id: str) -> Optional[dict]:
     """``scontrol show job`` as a dict (JobState, ExitCode, Reason, ...); None if Slurm does
     not answer or no longer knows the job."""
@@ -177,6 +183,8 @@ def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: O
         info = info or {"JobState": "UNKNOWN"}
         state = info.get("JobState", "UNKNOWN")
         text = state
+        if info.get("Restarts", "0") != "0":
+            text += f" [restart {info['Restarts']}]"
         if state == "PENDING" and info.get("Reason") not in (None, "None"):
             text += f" ({info['Reason']})"
         phase = last_phase(paths)
@@ -185,7 +193,7 @@ def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: O
         if text != last:
             on_change(text)
             last = text
-        if state in TERMINAL or state == "UNKNOWN":
+        if ended(info) or state == "UNKNOWN":
             return info
         if deadline is not None and time.monotonic() > deadline:
             return info
@@ -224,8 +232,9 @@ def _controller_jobs() -> dict:
 
 
 def _accounting(job_ids: List[str]) -> dict:
-    """Ended jobs from accounting (slurmdbd), else from the job-completion log (`sacct -c`)."""
-    out = {}
+    """Ended jobs from accounting (slurmdbd), else from the job-completion log (`sacct -c`):
+    job id -> every record under that id (Slurm may have reused it)."""
+    out: dict = {}
     for i in range(0, len(job_ids), _CHUNK):
         ids = ",".join(job_ids[i:i + _CHUNK])
         for source, extra in (("sacct", ["-X"]), ("jobcomp", ["-c"])):
@@ -237,15 +246,15 @@ def _accounting(job_ids: List[str]) -> dict:
         for line in proc.stdout.splitlines():
             jid, state, code, work_dir, start, end = (line.split("|") + [""] * 6)[:6]
             if jid.isdigit():
-                out[jid] = {"state": state.split()[0] if state else "UNKNOWN", "exit_code": code,
-                            "reason": None, "work_dir": work_dir, "start": start, "end": end,
-                            "source": source}
+                out.setdefault(jid, []).append(
+                    {"state": state.split()[0] if state else "UNKNOWN", "exit_code": code, "reason": None,
+                     "work_dir": work_dir, "start": start, "end": end, "source": source})
     return out
 
 
 def states(runs: List[dict]) -> dict:
-    """Slurm's view of registered runs, keyed by job id, in a bounded number of Slurm calls
-    (one scontrol, then one sacct per 300 ended jobs). A job is matched by its working
+    """Slurm's view of registered runs, keyed by run directory, in a bounded number of Slurm
+    calls (one scontrol, then one sacct per 300 ended jobs). A job is matched by its working
     directory, the run's own directory, so a job id that Slurm reused for another job does not
     make an old run report the new job's state."""
     def mine(run, info):
@@ -256,14 +265,15 @@ def states(runs: List[dict]) -> dict:
     for run in runs:
         info = ctl.get(run["job_id"])
         if mine(run, info):
-            out[run["job_id"]] = info
+            out[run["run_dir"]] = info
         else:
             rest.append(run)
     if rest:
         acc = _accounting(sorted({r["job_id"] for r in rest}, key=int))
         for run in rest:
-            info = acc.get(run["job_id"])
-            out[run["job_id"]] = info if mine(run, info) else {"state": "UNKNOWN", "source": "none"}
+            # The last record of this run's own; sacct lists a requeued job's runs in order.
+            own = [info for info in acc.get(run["job_id"], []) if mine(run, info)]
+            out[run["run_dir"]] = own[-1] if own else {"state": "UNKNOWN", "source": "none"}
     return out
 
 

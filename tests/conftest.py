@@ -61,6 +61,12 @@ class Sandbox:
     def __init__(self, slurm_conf: str):
         self.slurm_conf = slurm_conf
 
+    def reset_controller(self) -> None:
+        """Restart slurmctld with its state wiped: job ids start again at 1 (state loss)."""
+        proc = subprocess.run(["bash", str(SANDBOX_UP)], capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL, env=dict(os.environ, SANDBOX_RESET_CTLD="1"))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
     def env(self, base: dict) -> dict:
         return dict(base, SLURM_CONF=self.slurm_conf)
 

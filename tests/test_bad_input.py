@@ -114,6 +114,18 @@ CASES = [
     Case("sbatch-arg-export", key="cluster.sbatch_args[0]", edit=_set("cluster.sbatch_args", ["--export=NONE"])),
     Case("file-error-with-group-override", key="cluster.nodes", edit=_set("cluster.nodes", "two"),
          overrides=["cluster=sunk"]),
+    # Requeue resumes from checkpoints: they must exist, and be where a restarted job finds them.
+    Case("requeue-without-checkpoint-dir", key="verl.overrides.trainer.default_local_dir",
+         edit=lambda d: d["verl"]["overrides"].pop("trainer.default_local_dir"), overrides=["cluster.requeue=true"]),
+    Case("requeue-without-save-freq", key="verl.overrides.trainer.save_freq",
+         overrides=["cluster.requeue=true", "verl.overrides.trainer.save_freq=-1"], where=CMDLINE),
+    Case("requeue-resume-disabled", key="verl.overrides.trainer.resume_mode",
+         overrides=["cluster.requeue=true", "verl.overrides.trainer.resume_mode=disable"], where=CMDLINE),
+    Case("relative-checkpoint-dir", key="verl.overrides.trainer.default_local_dir",
+         overrides=["verl.overrides.trainer.default_local_dir=checkpoints/x"], where=CMDLINE),
+    Case("signal-seconds-zero", key="cluster.signal_seconds", overrides=["cluster.signal_seconds=0"],
+         where=CMDLINE),
+    Case("sbatch-arg-signal", key="cluster.sbatch_args[0]", edit=_set("cluster.sbatch_args", ["--signal=USR1@60"])),
 ]
 
 

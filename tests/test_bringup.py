@@ -69,7 +69,7 @@ def test_two_jobs_share_a_node_without_port_clashes(cli, sandbox, clean_env, tmp
     assert pa["driver-start"]["time"] < pb["driver-end"]["time"]
     assert pb["driver-start"]["time"] < pa["driver-end"]["time"]
     for x in (a, b):
-        report = json.loads((Path(x["run_dir"]) / "demo-report.json").read_text())
+        report = json.loads((Path(x["run_dir"]) / "demo-report.r0.json").read_text())
         assert [n["hostname"] for n in report["nodes"]] == ["node3"]
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,26 @@ def test_reused_job_id_does_not_report_another_jobs_state(cli, sandbox, env, tmp
     st = json.loads(cli("status", str(tmp_path / "an-older-run"), "--json", env=env).stdout)
     assert st["state"] == "UNKNOWN"
     assert json.loads(cli("status", real["run_dir"], "--json", env=env).stdout)["state"] == "COMPLETED"
+
+
+def test_job_id_reused_after_controller_state_loss(cli, sandbox, env, tmp_path):
+    """The controller loses its state and hands out job 1 again: each run keeps its own state."""
+    sandbox.reset_controller()
+    old = _submit(cli, env, tmp_path)
+    sandbox.wait(old["job_id"])
+    sandbox.reset_controller()
+    new = _submit(cli, env, tmp_path, "verl.overrides.demo.hold=300", "job.name=after-reset")
+    try:
+        assert new["job_id"] == old["job_id"] == "1"
+        deadline = time.monotonic() + 60
+        while sandbox.job_field(new["job_id"], "JobState") != "RUNNING":
+            assert time.monotonic() < deadline, "the new job did not start"
+            time.sleep(0.5)
+        states = {r["run_dir"]: r["state"] for r in json.loads(cli("list", "--json", env=env).stdout)}
+        assert states[new["run_dir"]] == "RUNNING"
+        # The old run's own record (job-completion log or slurmdbd), not the new job's state.
+        assert states[old["run_dir"]] == "COMPLETED"
+        assert json.loads(cli("status", old["run_dir"], "--json", env=env).stdout)["state"] == "COMPLETED"
+    finally:
+        sandbox.run("scancel", new["job_id"])
+        sandbox.wait(new["job_id"])

@@ -39,7 +39,7 @@ def test_two_node_job_completes_with_ray_on_both_nodes(demo_job, wandb_key):
     info, state, _ = demo_job
     out = Path(info["stdout"]).read_text()
     assert state == "COMPLETED", out
-    report = json.loads((Path(info["run_dir"]) / "demo-report.json").read_text())
+    report = json.loads((Path(info["run_dir"]) / "demo-report.r0.json").read_text())
     hosts = [n["hostname"] for n in report["nodes"]]
     assert hosts == ["node1", "node2"], report["nodes"]
     ips = {n["ip"] for n in report["nodes"]}
@@ -95,7 +95,7 @@ def test_key_from_a_file_read_inside_the_job(cli, sandbox, clean_env, tmp_path, 
     env = {k: v for k, v in clean_env.items() if k != "WANDB_API_KEY"}
     info = _submit(cli, sandbox, env, tmp_path, f"wandb.api_key_file={key_file}")
     assert sandbox.wait(info["job_id"]) == "COMPLETED", Path(info["stdout"]).read_text()
-    report = json.loads((Path(info["run_dir"]) / "demo-report.json").read_text())
+    report = json.loads((Path(info["run_dir"]) / "demo-report.r0.json").read_text())
     digest = hashlib.sha256(wandb_key.encode()).hexdigest()[:12]
     assert [n["wandb_api_key"]["sha256_12"] for n in report["nodes"]] == [digest, digest]
     assert wandb_key not in Path(info["script"]).read_text()

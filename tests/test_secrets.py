@@ -177,7 +177,7 @@ def test_key_is_only_in_the_environment_while_the_job_runs(cli, sandbox, clean_e
     assert wandb_key not in _job_files_and_tables(sandbox, info)
     assert sandbox.wait(info["job_id"]) == "COMPLETED"
     assert wandb_key not in _job_files_and_tables(sandbox, info)
-    report = json.loads((Path(info["run_dir"]) / "demo-report.json").read_text())
+    report = json.loads((Path(info["run_dir"]) / "demo-report.r0.json").read_text())
     digest = hashlib.sha256(wandb_key.encode()).hexdigest()[:12]
     # ...and it is in the environment of Ray's workers on every node.
     assert [n["wandb_api_key"]["sha256_12"] for n in report["nodes"]] == [digest, digest]
@@ -214,7 +214,7 @@ def test_hostile_values_arrive_byte_for_byte(cli, sandbox, clean_env, tmp_path, 
     info = submit_json(proc)
     subprocess.run(["bash", "-n", info["script"]], check=True)
     assert sandbox.wait(info["job_id"]) == "COMPLETED", Path(info["stdout"]).read_text()
-    report = json.loads((Path(info["run_dir"]) / "demo-report.json").read_text())
+    report = json.loads((Path(info["run_dir"]) / "demo-report.r0.json").read_text())
     for seen in [report["driver"], *report["nodes"]]:  # the environment, on every node
         assert seen["echo"] == {f"DEMO_ECHO_{i}": v for i, v in enumerate(values)}
         assert seen["WANDB_NAME"] == experiment

@@ -30,6 +30,8 @@ PARTITION=${SANDBOX_PARTITION:-debug}
 ACCT=${SANDBOX_ACCOUNTING:-none}        # none (sacct -c via jobcomp/filetxt) | dbd (MariaDB + slurmdbd)
 DBD_PORT=${SANDBOX_DBD_PORT:-6830}
 WARMUP=${SANDBOX_WARMUP:-1}             # 0 = skip the srun on every node after start (~0.5 s)
+RESET_CTLD=${SANDBOX_RESET_CTLD:-0}     # 1 = only restart a running sandbox's slurmctld with its
+                                        # state wiped, so job ids start again at 1 (state loss)
 
 ETC=$LAB/etc RUN=$LAB/run LOG=$LAB/log STATE=$LAB/state DEV=$LAB/dev
 CONF=$ETC/slurm.conf
@@ -51,7 +53,7 @@ die() { log "ERROR: $*"; exit 1; }
 FP="nodes=$NODES cpus=$CPUS mem=$MEM_MB gpus=$GPUS net=$NET subnet=$SUBNET ctld=$CTLD_PORT"
 FP+=" slurmd=$SLURMD_PORT part=$PARTITION acct=$ACCT script=$(sha1sum < "${BASH_SOURCE[0]}" | cut -c1-12) lab=$LAB"
 
-if [ "$(cat "$RUN/fingerprint" 2>/dev/null)" = "$FP" ] && SANDBOX_DIR=$LAB "$HERE/sandbox-env.sh" >/dev/null; then
+if [ "$RESET_CTLD" != 1 ] && [ "$(cat "$RUN/fingerprint" 2>/dev/null)" = "$FP" ] && SANDBOX_DIR=$LAB "$HERE/sandbox-env.sh" >/dev/null; then
   log "sandbox already up, reusing it"
   echo "export SLURM_CONF=$CONF" >&3
   exit 0
@@ -79,6 +81,7 @@ alive() {  # alive PID COMM: running, not a zombie, and really that program (PID
   st=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
   [ "$st" != Z ] && [ "$st" != X ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$comm" ]
 }
+gone() { ! alive "$@"; }
 pid_in() { cat "$1" 2>/dev/null || true; }
 node_ip() { if [ "$NET" = netns ]; then echo "$SUBNET.$((10 + $1))"; else echo "127.0.0.$((10 + $1))"; fi; }
 ctld_ip() { if [ "$NET" = netns ]; then echo "$SUBNET.1"; else echo 127.0.0.1; fi; }
@@ -102,6 +105,23 @@ start_in_ns() {
   "${pre[@]}" unshare --uts --mount --propagation private -- sh -c \
     'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"' "$name" "$ETC/hosts" "$@"
 }
+
+# ---------------------------------------------------------------- controller reset (tests)
+if [ "$RESET_CTLD" = 1 ]; then
+  export SLURM_CONF=$CONF
+  pid=$(pid_in "$RUN/slurmctld.pid")
+  alive "$pid" slurmctld || die "no running sandbox slurmctld to reset"
+  kill -TERM "$pid"
+  wait_for 100 gone "$pid" slurmctld || die "slurmctld $pid did not stop"
+  find "$STATE/ctld" -mindepth 1 -delete
+  start_in_ns slurmctl "" slurmctld 3>&-
+  wait_for 100 ctld_up || { tail -n 20 "$LOG/slurmctld.log"; die "slurmctld did not come back"; }
+  readlink "/proc/$(pid_in "$RUN/slurmctld.pid")/ns/uts" > "$RUN/ns-uts-slurmctl"
+  wait_for 300 all_idle || die "nodes not idle after the controller reset"
+  log "slurmctld restarted with fresh state: job ids start again at 1"
+  echo "export SLURM_CONF=$CONF" >&3
+  exit 0
+fi
 
 # ---------------------------------------------------------------- clean slate
 # Keep munged: it may serve other Slurm users on the machine, and restarting it costs time.

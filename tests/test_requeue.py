@@ -1,0 +1,116 @@
+"""Requeue and preemption on the real sandbox: `scontrol requeue` of a running job, and the
+time-limit signal, each lead to a second run (restart count 1) with new log files, the resume
+overrides, and the same W&B run id."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, submit_json
+
+pytestmark = pytest.mark.sandbox
+
+
+def _phases(run_dir: str) -> list:
+    try:
+        return [json.loads(line) for line in Path(run_dir, "phases.jsonl").read_text().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def _wait_phase(sandbox, job_id: str, run_dir: str, name: str, restart: int, timeout: float = 240) -> None:
+    """Wait for phase NAME of restart RESTART; release a requeued job from Slurm's begin-time hold."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(p["phase"] == name and p["restart"] == restart for p in _phases(run_dir)):
+            return
+        if sandbox.job_field(job_id, "JobState") == "PENDING":  # requeued jobs wait ~2 min otherwise
+            sandbox.run("scontrol", "update", f"jobid={job_id}", "StartTime=now")
+        if sandbox.job_field(job_id, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            break
+        time.sleep(1)
+    out = Path(run_dir, f"slurm-{job_id}.out")
+    pytest.fail(f"no phase {name} of restart {restart}; phases: {_phases(run_dir)}\n"
+                f"{out.read_text()[-3000:] if out.exists() else ''}")
+
+
+def _submit(cli, sandbox, clean_env, tmp_path, *overrides) -> dict:
+    env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
+    return submit_json(cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
+                           f"paths.runs={tmp_path / 'runs'}", "cluster.nodes=1", "cluster.requeue=true",
+                           "verl.overrides.demo.hold=600", *overrides, "--json", env=env))
+
+
+def _assert_resumed(run_dir: str) -> None:
+    run = Path(run_dir)
+    first = json.loads((run / "demo-report.r0.json").read_text())
+    second = json.loads((run / "demo-report.r1.json").read_text())
+    for log in ("driver.r0.log", "driver.r1.log", "ray-head.r0.log", "ray-head.r1.log"):
+        assert (run / "logs" / log).stat().st_size > 0, log
+    assert second["driver"]["SLURM_RESTART_COUNT"] == "1"
+    assert second["overrides"]["trainer.resume_mode"] == "auto"
+    assert second["config"]["trainer"]["default_local_dir"] == first["config"]["trainer"]["default_local_dir"]
+    assert first["driver"]["WANDB_RUN_ID"] and second["driver"]["WANDB_RUN_ID"] == first["driver"]["WANDB_RUN_ID"]
+    assert second["driver"]["WANDB_RESUME"] == "allow"
+    names = [(p["phase"], p["restart"]) for p in _phases(run_dir)]
+    assert names.index(("teardown", 0)) < names.index(("restart", 1)) < names.index(("driver-start", 1))
+
+
+def test_scontrol_requeue_restarts_and_resumes(cli, sandbox, clean_env, tmp_path):
+    info = _submit(cli, sandbox, clean_env, tmp_path)
+    job, run_dir = info["job_id"], info["run_dir"]
+    try:
+        _wait_phase(sandbox, job, run_dir, "driver-start", 0)
+        _wait_until(lambda: _reported(run_dir, 0))
+        proc = sandbox.run("scontrol", "requeue", job)
+        assert proc.returncode == 0, proc.stderr
+        _wait_phase(sandbox, job, run_dir, "driver-start", 1)
+        _wait_until(lambda: _reported(run_dir, 1))
+        assert sandbox.job_field(job, "Restarts") == "1"
+        _assert_resumed(run_dir)
+        # Requeued from outside: torn down by SIGTERM, not a self-requeue.
+        assert not any(p["phase"] == "requeue" for p in _phases(run_dir))
+        out = Path(run_dir, f"slurm-{job}.out").read_text()  # --open-mode=append keeps run 0's output
+        assert out.count("phase start") == 2
+    finally:
+        sandbox.run("scancel", job)
+        sandbox.wait(job)
+
+
+def test_time_limit_signal_tears_down_and_requeues_itself(cli, sandbox, clean_env, tmp_path):
+    # Slurm sends USR1 when <= 100 s are left of 2 minutes, checked about every 30 s.
+    info = _submit(cli, sandbox, clean_env, tmp_path, "cluster.time=2", "cluster.signal_seconds=100")
+    job, run_dir = info["job_id"], info["run_dir"]
+    try:
+        _wait_phase(sandbox, job, run_dir, "driver-start", 1, timeout=300)
+        _wait_until(lambda: _reported(run_dir, 1))
+        _assert_resumed(run_dir)
+        names = [(p["phase"], p["restart"]) for p in _phases(run_dir)]
+        assert names.index(("preempt", 0)) < names.index(("teardown", 0)) < names.index(("requeue", 0))
+        # verl's checkpoint-before-expiry deadline: the moment USR1 was due.
+        first = json.loads(Path(run_dir, "demo-report.r0.json").read_text())
+        start = next(p["time"] for p in _phases(run_dir) if p["phase"] == "start")
+        deadline = int(first["driver"]["MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"])
+        assert abs(deadline - (start + 120 - 100)) <= 5, (deadline, start)
+    finally:
+        sandbox.run("scancel", job)
+        sandbox.wait(job)
+
+
+def _reported(run_dir: str, restart: int) -> bool:
+    """The demo driver of that restart has written its report and printed its summary."""
+    log = Path(run_dir, "logs", f"driver.r{restart}.log")
+    return Path(run_dir, f"demo-report.r{restart}.json").exists() and "holding for" in (
+        log.read_text() if log.exists() else "")
+
+
+def _wait_until(cond, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
