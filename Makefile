@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SANDBOX := tests/cluster
-# Debian's Slurm for the sandbox, shellcheck for the rendered scripts.
-SYSTEM_PKGS := slurmctld slurmd slurm-client munge iproute2 util-linux shellcheck
+# Debian's Slurm for the sandbox (slurmdbd and MariaDB for its accounting mode), shellcheck
+# for the rendered scripts.
+SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
 .PHONY: install system-deps test demo sandbox-up sandbox-down lint bench bench-bringup clean
 
@@ -26,8 +27,10 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
+# Everything on a sandbox without accounting, then the job toolkit again with slurmdbd.
 test: system-deps install
 	$(PY) -m pytest -q -p no:cacheprovider
+	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider -m accounting
 
 sandbox-up: system-deps
 	@bash $(SANDBOX)/sandbox-up.sh

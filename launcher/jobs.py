@@ -21,12 +21,7 @@ def _run_or_fail(ref: str) -> dict:
 
 
 def _elapsed(run: dict, info: dict) -> str:
-    def ts(s):
-        try:
-            return time.mktime(time.strptime(s, "%Y-%m-%dT%H:%M:%S"))
-        except (TypeError, ValueError):
-            return None
-    start, end = ts(info.get("start")), ts(info.get("end"))
+    start, end = slurm.slurm_time(info.get("start")), slurm.slurm_time(info.get("end"))
     if start is None:
         return "-"
     secs = int((end or time.time()) - start)

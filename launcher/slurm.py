@@ -201,7 +201,7 @@ def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: O
 
 
 # ----------------------------------------------------------------------------- many runs at once
-SACCT_FIELDS = "JobID,State,ExitCode,WorkDir,Start,End"
+SACCT_FIELDS = "JobID,State,ExitCode,WorkDir,Start,End,Submit"
 _CHUNK = 300  # job ids per sacct call: bounded command lines, bounded calls
 
 
@@ -227,6 +227,7 @@ def _controller_jobs() -> dict:
             out[info["JobId"]] = {"state": info.get("JobState", "UNKNOWN"), "exit_code": info.get("ExitCode"),
                                   "reason": info.get("Reason"), "work_dir": info.get("WorkDir"),
                                   "start": info.get("StartTime"), "end": info.get("EndTime"),
+                                  "submit": info.get("SubmitTime"),
                                   "source": "scontrol"}
     return out
 
@@ -238,17 +239,18 @@ def _accounting(job_ids: List[str]) -> dict:
     for i in range(0, len(job_ids), _CHUNK):
         ids = ",".join(job_ids[i:i + _CHUNK])
         for source, extra in (("sacct", ["-X"]), ("jobcomp", ["-c"])):
-            proc = _run(["sacct", *extra, "-n", "-P", "-j", ids, "-o", SACCT_FIELDS])
+            # -D: every record of a reused id, not only the newest
+            proc = _run(["sacct", *extra, "-D", "-n", "-P", "-j", ids, "-o", SACCT_FIELDS])
             if proc.returncode == 0:
                 break
         else:
             return out  # no accounting of any kind: the controller's memory is all there is
         for line in proc.stdout.splitlines():
-            jid, state, code, work_dir, start, end = (line.split("|") + [""] * 6)[:6]
+            jid, state, code, work_dir, start, end, submit = (line.split("|") + [""] * 7)[:7]
             if jid.isdigit():
                 out.setdefault(jid, []).append(
                     {"state": state.split()[0] if state else "UNKNOWN", "exit_code": code, "reason": None,
-                     "work_dir": work_dir, "start": start, "end": end, "source": source})
+                     "work_dir": work_dir, "start": start, "end": end, "submit": submit, "source": source})
     return out
 
 
@@ -258,7 +260,16 @@ def states(runs: List[dict]) -> dict:
     directory, the run's own directory, so a job id that Slurm reused for another job does not
     make an old run report the new job's state."""
     def mine(run, info):
-        return info is not None and info.get("work_dir") in (None, "", run.get("run_dir"))
+        if info is None:
+            return False
+        if info.get("work_dir"):
+            return info["work_dir"] == run.get("run_dir")
+        # No working directory on record (a job not yet started, in some accounting): its
+        # submit time must fall while this run's sbatch ran.
+        t = slurm_time(info.get("submit"))
+        created, submitted = run.get("created"), run.get("submitted")
+        return t is not None and created is not None and submitted is not None \
+            and int(created) - 1 <= t <= submitted + 2
 
     ctl = _controller_jobs()
     out, rest = {}, []
@@ -275,6 +286,14 @@ def states(runs: List[dict]) -> dict:
             own = [info for info in acc.get(run["job_id"], []) if mine(run, info)]
             out[run["run_dir"]] = own[-1] if own else {"state": "UNKNOWN", "source": "none"}
     return out
+
+
+def slurm_time(text: Optional[str]) -> Optional[float]:
+    """A Slurm timestamp (local time, 2026-11-29T12:00:00) as epoch seconds; None if unset."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (TypeError, ValueError):
+        return None
 
 
 def cancel(job_id: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import RECIPES, submit_json
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.accounting]
 
 
 @pytest.fixture

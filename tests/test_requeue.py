@@ -13,7 +13,7 @@ import pytest
 
 from conftest import RECIPES, submit_json
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.accounting]
 
 
 def _phases(run_dir: str) -> list:
