@@ -14,6 +14,23 @@ from .overrides import flatten
 from .recipe import Recipe
 
 CKPT_DIR = "trainer.default_local_dir"
+ROLLOUT_NAMES = ("vllm", "sglang", "trtllm")
+# verl's defaults for what its Ray actors count on (verl 0.9.1, trainer/config/*.yaml).
+VERL_DEFAULTS = {"actor_rollout_ref.rollout.agent.num_workers": 8, "reward.num_workers": 8,
+                 "actor_rollout_ref.rollout.n": 1}
+
+
+def is_verl(r: Recipe) -> bool:
+    """The entrypoint is verl's own (a stand-in such as the sandbox demo skips verl's rules)."""
+    return r.verl.entrypoint.split(".")[0] == "verl"
+
+
+def cpus_needed(r: Recipe, v: Dict[str, Any]) -> int:
+    """A lower bound on the CPUs verl's Ray actors reserve (each actor holds one CPU while it
+    lives): one worker per GPU, the agent-loop and reward-loop workers, the task runner."""
+    get = lambda k: v.get(k, VERL_DEFAULTS[k]) or 0  # noqa: E731
+    return (r.cluster.nodes * r.cluster.gpus_per_node + get("actor_rollout_ref.rollout.agent.num_workers")
+            + get("reward.num_workers") + 1)
 
 
 def verl_settings(r: Recipe, blame=lambda key: "recipe") -> Dict[str, Any]:
@@ -28,6 +45,9 @@ def check(r: Recipe, blame=lambda key: "recipe") -> None:
     def bad(key: str, message: str) -> None:
         raise RecipeError(message, where=blame(key), key=key)
 
+    if r.trace.backend == "weave" and not r.wandb.enabled:
+        bad("trace.backend", "weave traces live in a W&B project: set wandb.enabled=true "
+            "(or trace.backend=none)")
     ckpt = v.get(CKPT_DIR)
     if ckpt is not None and not posixpath.isabs(str(ckpt)):
         bad(f"verl.overrides.{CKPT_DIR}", f"{ckpt!r} is relative: verl would write checkpoints under "
@@ -40,3 +60,17 @@ def check(r: Recipe, blame=lambda key: "recipe") -> None:
         if not isinstance(freq, int) or isinstance(freq, bool) or freq <= 0:
             bad("verl.overrides.trainer.save_freq", "cluster.requeue resumes from checkpoints: set it to "
                 "a positive number of steps (verl's default -1 saves none)")
+
+    if is_verl(r):
+        name = v.get("actor_rollout_ref.rollout.name")
+        if name is None:
+            bad("verl.overrides.actor_rollout_ref.rollout.name",
+                f"is required by verl (one of {', '.join(ROLLOUT_NAMES)})")
+        if name not in ROLLOUT_NAMES:
+            bad("verl.overrides.actor_rollout_ref.rollout.name",
+                f"{name!r} is not one of {', '.join(ROLLOUT_NAMES)}")
+        need, have = cpus_needed(r, v), r.cluster.nodes * r.cluster.cpus_per_task
+        if have < need:
+            bad("cluster.cpus_per_task", f"{r.cluster.nodes} node(s) x {r.cluster.cpus_per_task} CPUs = {have}, "
+                f"but verl's Ray actors reserve at least {need} (a GPU worker each, agent-loop and "
+                "reward workers, the task runner); with fewer, verl waits forever for them (verl#7398)")

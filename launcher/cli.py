@@ -37,8 +37,11 @@ def _parser() -> argparse.ArgumentParser:
         return c
 
     recipe_cmd("render", "print the sbatch script a recipe renders to")
-    recipe_cmd("check", "validate a recipe and show what would run (exit 0 valid, 2 invalid)")
-    s = recipe_cmd("submit", "write a run directory and submit the script with sbatch")
+    recipe_cmd("check", "validate a recipe, run verl's own checks on its overrides (in runtime.python), "
+                        "and show what would run (exit 0 valid, 2 invalid)")
+    s = recipe_cmd("submit", "check (as `check`), write a run directory and submit the script with sbatch")
+    s.add_argument("--no-check", action="store_true",
+                   help="skip verl's own checks (the launcher's checks still run)")
     s.add_argument("--dry-run", action="store_true",
                    help="print the exact command and script; write and submit nothing")
     s.add_argument("--json", action="store_true", help="print one JSON object (job_id, run_dir, script, stdout, ...)")
@@ -110,10 +113,12 @@ def cmd_check(args) -> int:
 
     r = _load(args).recipe
     refuse_in_recipe(r, secret_values(r, os.environ))
+    pre = _preflight(r, sys.stdout)
     c = r.cluster
     print(f"recipe      {r.source}")
     print(f"job         {r.job.name}: {c.nodes} node(s) x {c.gpus_per_node} GPU(s), "
-          f"{c.cpus_per_task} CPUs per node")
+          f"{c.cpus_per_task} CPUs per node" + (f", requeue (USR1 {c.signal_seconds} s before the limit)"
+                                               if c.requeue else ""))
     print(f"entrypoint  {r.runtime.python} -m {r.verl.entrypoint}")
     print(f"W&B         project={r.wandb.project} entity={r.wandb.entity or '(key default)'} "
           f"experiment={r.experiment} logging={'on' if r.wandb.enabled else 'off'}")
@@ -127,8 +132,29 @@ def cmd_check(args) -> int:
     print("verl args")
     for a in verl_args(r):
         print(f"  {a}")
-    print("ok")
+    print("ok" if pre.status == "ok" else f"ok (launcher checks only: verl's {pre.status})")
     return 0
+
+
+def _preflight(r, out):
+    """verl's own checks, the version rules and the trace volume, printed to ``out``."""
+    from . import preflight
+    from .verl_versions import rules_for
+
+    pre = preflight.run(r, os.environ)
+    print(f"preflight   {pre.status}: {pre.message}", file=out)
+    for rule in rules_for(r):
+        print(f"verl rule   {rule.key}={rule.value!r}: {rule.why}", file=out)
+    per_step = preflight.trace_volume(r, pre.config)
+    if per_step is not None and r.trace.backend != "none":
+        how = ("every sample" if r.trace.max_samples_per_step_per_worker is None else
+               f"max_samples_per_step_per_worker={r.trace.max_samples_per_step_per_worker} per agent-loop worker")
+        print(f"traces      about {per_step} per training step ({how}, all rollouts of each)", file=out)
+        if per_step > r.trace.warn_traces_per_step:
+            print(f"WARNING     {per_step} traces per step is above trace.warn_traces_per_step="
+                  f"{r.trace.warn_traces_per_step}: set trace.max_samples_per_step_per_worker "
+                  "(verl's docs warn of tens of GB a day)", file=out)
+    return pre
 
 
 def cmd_submit(args) -> int:
@@ -137,6 +163,8 @@ def cmd_submit(args) -> int:
 
     loaded = _load(args)
     require(loaded.recipe, os.environ)
+    if not args.no_check:
+        _preflight(loaded.recipe, sys.stderr)
     req = plan(loaded)
     if args.dry_run:
         if args.json:

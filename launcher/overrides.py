@@ -16,8 +16,8 @@ from .recipe import Recipe
 TRACE = "actor_rollout_ref.rollout.trace"
 
 
-def derived(r: Recipe) -> Dict[str, Tuple[Any, str]]:
-    """Derived verl keys -> (value, the recipe field a user should change instead)."""
+def derived(r: Recipe) -> Dict[str, Tuple]:
+    """Derived verl keys -> (value, the recipe field a user should change instead[, why])."""
     d: Dict[str, Tuple[Any, str]] = {
         "actor_rollout_ref.rollout.mode": ("async", "(always async)"),
         f"{TRACE}.backend": (None if r.trace.backend == "none" else r.trace.backend, "trace.backend"),
@@ -32,6 +32,10 @@ def derived(r: Recipe) -> Dict[str, Tuple[Any, str]]:
     d["trainer.logger"] = (["console", "wandb"] if r.wandb.enabled else ["console"], "wandb.enabled")
     if r.cluster.requeue:  # a restarted job continues from its latest checkpoint
         d["trainer.resume_mode"] = ("auto", "cluster.requeue")
+    from .verl_versions import rules_for
+
+    for rule in rules_for(r):
+        d[rule.key] = (rule.value, rule.field, rule.why)
     d["trainer.nnodes"] = (r.cluster.nodes, "cluster.nodes")
     d["trainer.n_gpus_per_node"] = (r.cluster.gpus_per_node, "cluster.gpus_per_node")
     return d
@@ -99,15 +103,15 @@ def verl_args(r: Recipe, blame=lambda key: "recipe") -> List[str]:
         except ValueError as e:
             raise RecipeError(str(e), where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}") from None
         if plain in der:
-            want, field = der[plain]
+            want, field, *why = der[plain]
             if text != hydra_value(want):
                 raise RecipeError(
                     f"contradicts the launcher's derived value {hydra_value(want)} "
-                    f"(from {field}); set {field} instead",
+                    f"(from {field}{': ' + why[0] if why else ''}); set {field} instead",
                     where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}")
             continue  # same value: the derived one is emitted below
         args.append(f"{key}={text}")
-    args.extend(f"{key}={hydra_value(value)}" for key, (value, _) in der.items())
+    args.extend(f"{key}={hydra_value(value)}" for key, (value, *_) in der.items())
     return args
 
 

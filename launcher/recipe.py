@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .errors import RecipeError
 from .resources import shipped_recipes_dir
 
-TRACE_BACKENDS = ("weave", "mlflow", "none")
+TRACE_BACKENDS = ("weave", "mlflow", "trackio", "none")  # verl silently ignores any other
 
 
 # ----------------------------------------------------------------------------- schema
@@ -69,6 +69,7 @@ class Wandb:
     entity: Optional[str] = None
     base_url: Optional[str] = None
     api_key_file: Optional[str] = None  # read inside the job; must be on the nodes
+    reach_timeout: int = 10  # seconds for each node's reachability check (0: no check)
 
 
 @dataclass
@@ -76,10 +77,15 @@ class Trace:
     backend: str = "weave"
     token2text: bool = True
     max_samples_per_step_per_worker: Optional[int] = None  # null: every sample
+    warn_traces_per_step: int = 2000  # check/submit warn above this many traces per step
+    # Before training, every node checks that W&B answers with the key: if not, `fail` the job
+    # at once, or `disable` tracing (W&B metrics then go offline, for `wandb sync`) and go on.
+    on_unreachable: str = "fail"
 
 
 @dataclass
 class Verl:
+    version: Optional[str] = None  # the verl the job runs, e.g. "0.9.1"; null: the newest known
     entrypoint: str = "verl.trainer.main_ppo"
     overrides: Dict[str, Any] = field(default_factory=dict)
 
@@ -122,7 +128,7 @@ _VERL_PREFIX = "verl.overrides."
 def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     """Compose ``path`` with ``overrides``, validate it, and return the typed recipe.
 
-    ``verl.overrides.<key>=v`` sets verl key ``<key>`` whether the recipe writes it nested or
+    ``${recipe_dir:}`` in a value is the recipe file's folder. ``verl.overrides.<key>=v`` sets verl key ``<key>`` whether the recipe writes it nested or
     dotted, and ``env.<NAME>=v`` may add a variable: neither needs Hydra's ``+``.
     """
     path = Path(path)
@@ -132,6 +138,9 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     if path.suffix != ".yaml":
         raise RecipeError("a recipe must be a .yaml file (Hydra composes only .yaml)", where=where)
     overrides = list(overrides)
+    # ${recipe_dir:} is the recipe's own folder, absolute: files shipped beside a recipe (a
+    # tool config) are found from any working directory (on shared storage, from any node).
+    OmegaConf.register_new_resolver("recipe_dir", lambda: str(path.parent.resolve()), replace=True)
     groups = _groups(path)
     hydra_ovs, verl_ovs = [], []
     for ov in overrides:
@@ -402,9 +411,20 @@ def validate(r: Recipe, blame) -> None:
     t = r.trace
     if t.backend not in TRACE_BACKENDS:
         bad("trace.backend", f"{t.backend!r} is not one of {', '.join(TRACE_BACKENDS)}")
+    if t.on_unreachable not in ("fail", "disable"):
+        bad("trace.on_unreachable", f"{t.on_unreachable!r} is not one of fail, disable")
+    if w.reach_timeout < 0 or w.reach_timeout > 300:
+        bad("wandb.reach_timeout", f"must be 0-300 seconds, got {w.reach_timeout}")
     if t.max_samples_per_step_per_worker is not None and t.max_samples_per_step_per_worker < 0:
         bad("trace.max_samples_per_step_per_worker", "must be null (every sample) or 0 or more")
 
+    if r.verl.version is not None:
+        from .verl_versions import parse
+
+        try:
+            parse(r.verl.version)
+        except ValueError as e:
+            bad("verl.version", str(e))
     if not _MODULE.fullmatch(r.verl.entrypoint):
         bad("verl.entrypoint", f"{r.verl.entrypoint!r} is not a Python module name")
     for k in r.verl.overrides:

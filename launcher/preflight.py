@@ -1,0 +1,90 @@
+"""Preflight: verl's own checks of the override list, run in the recipe's interpreter, and
+what the launcher reports beside them (the verl version rules, the trace volume).
+
+verl is not imported here: it runs in a subprocess (verl_preflight.py) with
+``runtime.python``, so the verl checked is the one the job will run, and verl-launch itself
+stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+from .checks import VERL_DEFAULTS, is_verl, verl_settings
+from .errors import RecipeError
+from .overrides import verl_args
+from .recipe import Recipe
+from .verl_versions import NEWEST_CHECKED, same_series
+
+SCRIPT = Path(__file__).with_name("verl_preflight.py")
+RESULT = "@@preflight "
+TIMEOUT = 300  # seconds: composing and validating takes ~5 s, more on a busy login node
+
+
+@dataclass
+class Preflight:
+    status: str  # ok | skipped | unavailable
+    message: str
+    verl_version: Optional[str] = None
+    config: Dict[str, Any] = field(default_factory=dict)  # a few values as verl resolved them
+
+
+def run(r: Recipe, environ: Mapping[str, str]) -> Preflight:
+    """Run verl's checks; raise RecipeError (exit 2) with verl's message if verl rejects the
+    overrides or is a different series than ``verl.version``."""
+    if not is_verl(r):
+        return Preflight("skipped", f"entrypoint {r.verl.entrypoint} is not verl's: verl's own checks skipped")
+    python = shutil.which(r.runtime.python, path=environ.get("PATH"))
+    if python is None:
+        return Preflight("unavailable", f"{r.runtime.python} (runtime.python) is not on this machine's PATH: "
+                                        "only the launcher's own checks ran")
+    # Never the secrets: verl's config needs none of them.
+    env = {k: v for k, v in environ.items() if not k.startswith("WANDB_") and k not in r.secrets}
+    with tempfile.TemporaryDirectory(prefix="verl-launch-preflight-") as cwd:
+        try:
+            proc = subprocess.run([python, "-c", SCRIPT.read_text()], input=json.dumps({"overrides": verl_args(r)}),
+                                  capture_output=True, text=True, cwd=cwd, env=env, timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return Preflight("unavailable", f"verl's checks did not finish within {TIMEOUT} s: "
+                                            "only the launcher's own checks ran")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if not lines:
+        tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        return Preflight("unavailable", f"{python} could not run verl's checks ({tail}): "
+                                        "only the launcher's own checks ran")
+    res = json.loads(lines[-1][len(RESULT):])
+    version = res.get("verl_version")
+    if res.get("stage") == "import":
+        return Preflight("unavailable", f"verl is not importable with {python} ({res['error']}): "
+                                        "only the launcher's own checks ran")
+    if r.verl.version and version and not same_series(r.verl.version, version):
+        raise RecipeError(f"the recipe targets verl {r.verl.version}, but {python} has verl {version}: "
+                          "the derived overrides differ between them; set verl.version", where=r.source,
+                          key="verl.version")
+    if not res["ok"]:
+        raise RecipeError(f"verl {version} rejects the overrides ({res['stage']}): {res['error']}",
+                          where=f"{r.source} (checked by verl with {python})", key="verl.overrides")
+    note = "" if r.verl.version else f" (verl.version unset: the rules for verl {NEWEST_CHECKED} apply)"
+    return Preflight("ok", f"verl {version} with {python}: composed, validated, dataclasses built{note}",
+                     verl_version=version, config=res.get("config") or {})
+
+
+def trace_volume(r: Recipe, resolved: Optional[Dict[str, Any]] = None) -> Optional[int]:
+    """Traces per training step: every sample, or max_samples_per_step_per_worker per
+    agent-loop worker, each with all its rollout.n rollouts. None when unknown."""
+    if r.trace.backend == "none":
+        return 0
+    v = {**VERL_DEFAULTS, **verl_settings(r), **{k: x for k, x in (resolved or {}).items() if x is not None}}
+    n, workers = v["actor_rollout_ref.rollout.n"], v["actor_rollout_ref.rollout.agent.num_workers"]
+    batch = v.get("data.train_batch_size")
+    cap = r.trace.max_samples_per_step_per_worker
+    if not isinstance(batch, int):
+        return None if cap is None else cap * workers * n
+    return batch * n if cap is None else min(cap * workers, batch) * n

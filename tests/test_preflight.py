@@ -1,0 +1,119 @@
+"""Preflight in verl itself (verl 0.9.1, CPU-only, installed by the test extra): misspelt or
+invalid verl overrides fail `check` and `submit` with exit 2 and verl's own message, before
+anything is queued; the version rules; the trace volume; every shipped recipe passes."""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import RECIPES
+from launcher.overrides import verl_args
+from launcher.recipe import load
+from test_bad_input import _tripwire
+
+GSM8K = RECIPES / "gsm8k-grpo.yaml"
+PY = f"runtime.python={sys.executable}"  # the interpreter with verl: the job's, here
+
+# (override, a piece of verl's own message). Each passes the launcher's checks; verl refuses it.
+REFUSED = [
+    ("trainer.total_epoch=3", "Key 'total_epoch' is not in struct"),
+    ("data.max_prompt_lenght=512", "Could not override 'data.max_prompt_lenght'"),
+    ("actor_rollout_ref.rollout.temperatur=0.7", "Could not override 'actor_rollout_ref.rollout.temperatur'"),
+    # `+` gets past Hydra; only the dataclasses the workers build refuse it.
+    ("+actor_rollout_ref.rollout.bogus=1", "unexpected keyword argument 'bogus'"),
+    ("+actor_rollout_ref.actor.bogus=1", "unexpected keyword argument 'bogus'"),
+    ("+actor_rollout_ref.rollout.trace.bogus=1", "TraceConfig"),
+    ("data.train_batch_size=1000", "must be divisible by minimal possible batch size"),
+    ("data.train_batch_size=abc", "TypeError"),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size=2048", "must be >= actor.ppo_mini_batch_size"),
+    ("actor_rollout_ref.actor.loss_agg_mode=foo", "Invalid loss_agg_mode: foo"),
+    ("actor_rollout_ref.rollout.log_prob_micro_batch_size=8", "You have set both"),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size=8", "You have set both"),
+]
+
+
+def _check(cli, env, *overrides):
+    return cli("check", GSM8K, PY, *(f"verl.overrides.{o}" if not o.startswith("+") else
+                                     f"+verl.overrides.{o[1:]}" for o in overrides), env=env, timeout=300)
+
+
+def test_misspelt_or_invalid_verl_overrides_fail_check_with_verls_message(cli, clean_env):
+    with ThreadPoolExecutor(2) as pool:  # each one composes verl's config in a fresh interpreter
+        results = list(pool.map(lambda case: _check(cli, clean_env, case[0]), REFUSED))
+    for (override, text), proc in zip(REFUSED, results):
+        assert proc.returncode == 2, (override, proc.stdout[-500:], proc.stderr)
+        assert "verl 0.9.1 rejects the overrides" in proc.stderr and text in proc.stderr, (override, proc.stderr)
+        assert "Traceback" not in proc.stderr
+
+
+def test_submit_runs_the_preflight_first_and_queues_nothing(cli, clean_env, tmp_path):
+    env, marker = _tripwire(tmp_path, clean_env)
+    proc = cli("submit", GSM8K, PY, "verl.overrides.trainer.total_epoch=3", f"paths.runs={tmp_path / 'runs'}",
+               env=env, timeout=300)
+    assert proc.returncode == 2 and "Key 'total_epoch' is not in struct" in proc.stderr
+    assert not marker.exists() and not (tmp_path / "runs").exists()
+
+
+def test_every_shipped_recipe_passes_check(cli, clean_env):
+    for recipe in sorted(RECIPES.glob("*.yaml")):
+        proc = cli("check", recipe, PY, env=clean_env, timeout=300)
+        assert proc.returncode == 0, (recipe.name, proc.stderr)
+        if load(recipe).recipe.verl.entrypoint.startswith("verl."):
+            assert "preflight   ok: verl 0.9.1" in proc.stdout, (recipe.name, proc.stdout)
+        else:  # the sandbox demo's stand-in payload is not verl
+            assert "preflight   skipped" in proc.stdout
+
+
+def test_a_recipe_for_another_verl_series_is_refused(cli, clean_env):
+    proc = cli("check", GSM8K, PY, "verl.version=0.8.5", env=clean_env, timeout=300)
+    assert proc.returncode == 2 and "verl.version" in proc.stderr and "0.9.1" in proc.stderr
+
+
+def test_without_verl_check_says_so_and_runs_the_launchers_own_checks(cli, clean_env):
+    proc = cli("check", GSM8K, "runtime.python=/usr/bin/python3", env=clean_env)  # Debian's: no verl
+    assert proc.returncode == 0, proc.stderr
+    assert "verl is not importable with /usr/bin/python3" in proc.stdout
+    assert "launcher checks only" in proc.stdout
+    bad = cli("check", GSM8K, "runtime.python=/usr/bin/python3", "cluster.cpus_per_task=2", env=clean_env)
+    assert bad.returncode == 2 and "cluster.cpus_per_task" in bad.stderr and "verl#7398" in bad.stderr
+
+
+# ----------------------------------------------------------------------------- version rules
+def _args(*overrides):
+    return verl_args(load(GSM8K, list(overrides)).recipe)
+
+
+def test_version_rules_follow_the_targeted_verl():
+    assert "trainer.use_v1=false" in _args()  # 0.9.x and tracing on: the legacy trainer traces
+    assert "trainer.use_v1=false" in _args("verl.version=0.9.0")
+    assert not any(a.startswith("trainer.use_v1") for a in _args("verl.version=0.8.5"))  # no such key
+    assert not any(a.startswith("trainer.use_v1") for a in _args("trace.backend=none"))
+
+
+def test_check_says_why_it_turns_the_v1_trainer_off(cli, clean_env):
+    proc = cli("check", GSM8K, "runtime.python=/usr/bin/python3", env=clean_env)
+    assert "verl rule   trainer.use_v1=False" in proc.stdout and "trace_this_sample = False" in proc.stdout
+
+
+def test_trace_volume_is_printed_and_warned_about(cli, clean_env):
+    # 4 samples x 8 agent-loop workers x rollout.n 5
+    proc = cli("check", GSM8K, "runtime.python=/usr/bin/python3", env=clean_env)
+    assert "about 160 per training step" in proc.stdout and "WARNING" not in proc.stdout
+    every = cli("check", GSM8K, "runtime.python=/usr/bin/python3", "trace.max_samples_per_step_per_worker=null",
+                env=clean_env)  # every sample: 1024 x 5
+    assert "about 5120 per training step" in every.stdout and "above trace.warn_traces_per_step=2000" in every.stdout
+
+
+@pytest.mark.parametrize("override,key", [
+    ("trace.backend=zipkin", "trace.backend"),
+    ("wandb.enabled=false", "trace.backend"),  # Weave traces without W&B
+    ("~verl.overrides.actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.name"),
+    ("verl.overrides.trainer.default_local_dir=ckpt", "trainer.default_local_dir"),
+    ("cluster.cpus_per_task=1", "cluster.cpus_per_task"),
+])
+def test_the_launchers_trap_checks(cli, clean_env, override, key):
+    proc = cli("check", GSM8K, "runtime.python=/usr/bin/python3", override, env=clean_env)
+    assert proc.returncode == 2 and key in proc.stderr, proc.stderr
