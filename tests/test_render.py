@@ -44,7 +44,7 @@ def test_golden(recipe):
 @pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: p.stem)
 def test_rendered_script_passes_bash_n_and_shellcheck(recipe, tmp_path):
     script = tmp_path / "job.sbatch"
-    script.write_text(_render(recipe))
+    script.write_text(render(load(recipe).recipe))  # as rendered: paths not replaced by <ROOT>
     subprocess.run(["bash", "-n", str(script)], check=True)
     if shutil.which("shellcheck") is None:
         pytest.fail("shellcheck is not installed (make system-deps installs it)")

@@ -1,0 +1,1 @@
+"""Examples that extend verl (custom tools) for use with verl-launch recipes."""
