@@ -7,6 +7,8 @@ processes see (the key only as present/absent and a short digest), writes
 ``demo-report.r<restart>.json`` into the run directory, and exits non-zero if the cluster does not
 match ``trainer.nnodes`` x ``trainer.n_gpus_per_node``. ``demo.exit_code=N`` makes it exit N
 after reporting (to show a failing entrypoint), ``demo.hold=S`` sleeps S seconds first.
+``demo.trace=true`` runs verl's real rollout-tracing code in a Ray actor on every node (see
+``trace_on_every_node``); it needs verl and weave on the nodes.
 """
 
 from __future__ import annotations
@@ -55,6 +57,57 @@ def as_config(overrides: dict) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+def trace_on_every_node(ray, nodes: list, config: dict, step: int = 1) -> list:
+    """What verl's agent-loop workers do, on every node: ``RolloutTraceConfig.init`` with the
+    job's trace settings, then trajectories wrapped in ``rollout_trace_attr``, each a
+    ``rollout_trace_op`` method that calls the example tool (itself traced). Returns what each
+    node traced."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    trace = config["actor_rollout_ref"]["rollout"]["trace"]
+    trainer = config["trainer"]
+
+    @ray.remote(num_cpus=0)
+    class TracingWorker:
+        def run(self, worker: int) -> dict:
+            import asyncio
+
+            from verl.utils.rollout_trace import RolloutTraceConfig, rollout_trace_attr, rollout_trace_op
+
+            from launcher.examples.calculator_tool import CalculatorTool
+
+            class DemoAgentLoop:  # an agent loop's shape: one traced run per trajectory
+                def __init__(self):
+                    self.tool = CalculatorTool(config={}, tool_schema=None)
+
+                @rollout_trace_op
+                async def run(self, question: str, expression: str, answer: str) -> dict:
+                    instance, _ = await self.tool.create(ground_truth=answer)
+                    response, reward, _ = await self.tool.execute(instance, {"expression": expression})
+                    return {"question": question, "tool_response": response.text, "reward": reward}
+
+            RolloutTraceConfig.init(project_name=trainer["project_name"], experiment_name=trainer["experiment_name"],
+                                    backend=trace.get("backend"), token2text=bool(trace.get("token2text")))
+            loop = DemoAgentLoop()
+
+            async def trajectories():
+                for rollout_n in range(2):  # two rollouts of this worker's sample, as GRPO does
+                    with rollout_trace_attr(sample_index=worker, step=step, rollout_n=rollout_n):
+                        await loop.run(f"what is 6 x {7 + worker}?", f"6 * {7 + worker}", str(6 * (7 + worker)))
+
+            asyncio.run(trajectories())
+            if RolloutTraceConfig.get_backend() == "weave":
+                import weave
+
+                weave.finish()  # send every finished call before the job moves on
+            return {"hostname": socket.gethostname(), "backend": RolloutTraceConfig.get_backend(),
+                    "worker": worker}
+
+    workers = [TracingWorker.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+               for n in nodes]
+    return ray.get([w.run.remote(i) for i, w in enumerate(workers)])
+
+
 def main(argv: list) -> int:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -76,7 +129,9 @@ def main(argv: list) -> int:
                     for n in nodes])
     gpus = int(ray.cluster_resources().get("GPU", 0))
     gpu_tasks = sorted(ray.get([on_gpu.remote() for _ in range(gpus)]))
+    traced = trace_on_every_node(ray, nodes, as_config(overrides)) if overrides.get("demo.trace") else None
     report = {
+        "traced": traced,
         "ray_address": address,
         "argv": argv,
         "overrides": overrides,

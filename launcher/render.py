@@ -108,7 +108,10 @@ def render(r: Recipe) -> str:
         port_min=r.cluster.port_range[0],
         worker_ports=r.cluster.worker_ports,
         port_slots=port_slots(r),
-        wait_ready_py=_wait_ready_py(),
+        wait_ready_py=_embedded("wait_ready.py"),
+        reach_timeout=r.wandb.reach_timeout if (r.wandb.enabled or r.trace.backend == "weave") else 0,
+        on_unreachable=r.trace.on_unreachable,
+        reach_wandb_py=_embedded("reach_wandb.py"),
     )
     return env.get_template(TEMPLATE).render(ctx)
 
@@ -119,6 +122,7 @@ def port_slots(r: Recipe) -> int:
     return (hi - lo + 1) // (RAY_FIXED_PORTS + r.cluster.worker_ports)
 
 
-@lru_cache(maxsize=1)
-def _wait_ready_py() -> str:
-    return (templates_dir() / "wait_ready.py").read_text().rstrip("\n")
+@lru_cache(maxsize=None)
+def _embedded(name: str) -> str:
+    """A helper script the job runs, inserted verbatim in a quoted heredoc."""
+    return (templates_dir() / name).read_text().rstrip("\n")

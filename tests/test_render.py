@@ -54,7 +54,7 @@ def test_rendered_script_passes_bash_n_and_shellcheck(recipe, tmp_path):
 
 def test_every_template_value_goes_through_the_quoting_filter():
     # Code inserted as code, by design: the recipe's trusted setup lines and the readiness poller.
-    code = {"line", "wait_ready_py"}
+    code = {"line", "wait_ready_py", "reach_wandb_py"}
     exprs = re.findall(r"{{(.*?)}}", TEMPLATE.read_text())
     assert exprs
     for e in exprs:

@@ -184,7 +184,8 @@ def _decode_body(raw: bytes, encoding: str) -> Any:
         return None   # e.g. file/create's multipart upload
 
 
-def _call_record(start: dict, end: dict | None, entity: str, project: str, auth_ok: bool) -> dict:
+def _call_record(start: dict, end: dict | None, entity: str, project: str, auth_ok: bool,
+                 client: str | None = None) -> dict:
     end = end or {}
     return {
         "op_name": start.get("op_name"),
@@ -199,6 +200,7 @@ def _call_record(start: dict, end: dict | None, entity: str, project: str, auth_
         "entity": entity,
         "project": project,
         "auth_ok": auth_ok,
+        "client": client,  # the sender's address: which node traced it
     }
 
 
@@ -247,12 +249,13 @@ def _make_handler(standin: StandIn):
                 standin._record(body=body, path=path)
             # Routed even without the key, so calls sent with a wrong key are recorded
             # (auth_ok False) and a test can see what would have leaked; the answer is 401.
-            status, payload = self._route(method, path, body, raw, ok)
+            status, payload = self._route(method, path, body, raw, ok, self.client_address[0])
             if not ok:
                 status, payload = 401, {"errors": [{"message": "stand-in: missing or wrong API key"}]}
             self._reply(status, payload)
 
-        def _route(self, method: str, path: str, body: Any, raw: bytes, ok: bool) -> tuple[int, Any]:
+        def _route(self, method: str, path: str, body: Any, raw: bytes, ok: bool,
+                   client: str) -> tuple[int, Any]:
             if method == "GET" and path == "/traces/server_info":
                 return 200, SERVER_INFO
             if method == "POST" and path == "/graphql":
@@ -260,7 +263,7 @@ def _make_handler(standin: StandIn):
             if method == "POST":
                 v2 = _V2_PATH.match(path)
                 if v2:
-                    return _v2(v2["entity"], v2["project"], v2["rest"], body or {}, ok)
+                    return _v2(v2["entity"], v2["project"], v2["rest"], body or {}, ok, client)
                 if path == "/traces/call/upsert_batch":
                     return 200, _upsert_batch(body or {}, ok)
                 if path == "/traces/obj/create":
@@ -278,10 +281,10 @@ def _make_handler(standin: StandIn):
             return 404, {"detail": f"stand-in does not implement {method} {path}"}
 
     # The call endpoints need the stand-in too; closures keep them next to the handler.
-    def _v2(entity: str, project: str, rest: str, body: dict, ok: bool) -> tuple[int, Any]:
+    def _v2(entity: str, project: str, rest: str, body: dict, ok: bool, client: str) -> tuple[int, Any]:
         if rest == "calls/complete":
             # Each item is a whole call: the start fields plus ended_at/output/exception.
-            standin._record(calls=[_call_record(item, item, entity, project, ok)
+            standin._record(calls=[_call_record(item, item, entity, project, ok, client)
                                    for item in body.get("batch") or []])
             return 200, {}
         if rest == "call/start":
@@ -291,7 +294,7 @@ def _make_handler(standin: StandIn):
         if rest == "call/end":
             end = body.get("end") or {}
             start, e, p = standin._starts.pop(end.get("id"), ({}, entity, project))
-            standin._record(calls=[_call_record(start, end, e, p, ok)])
+            standin._record(calls=[_call_record(start, end, e, p, ok, client)])
             return 200, {}
         standin._record(unknown=("POST", f"/traces/v2/{entity}/{project}/{rest}"))
         return 404, {"detail": f"stand-in does not implement v2 {rest}"}
