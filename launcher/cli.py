@@ -64,6 +64,17 @@ def _parser() -> argparse.ArgumentParser:
     which = lg.add_mutually_exclusive_group()
     which.add_argument("--driver", action="store_true", help="the driver's log")
     which.add_argument("--node", metavar="NODE", help="that node's Ray log")
+    im = sub.add_parser("image", help="container images for pyxis/enroot (SUNK)",
+                        description="Container images for pyxis/enroot.")
+    imsub = im.add_subparsers(dest="image_command", metavar="ACTION", required=True)
+    imp = imsub.add_parser("import", help="turn IMAGE into a squashfs on shared storage, once",
+                           description="Run `enroot import` on this (login) node, once: the nodes then mount "
+                                       "the file (container.image=PATH) instead of each pulling the image. "
+                                       "An existing file is reused.")
+    imp.add_argument("image", metavar="IMAGE", help="e.g. verlai/verl:tag or nvcr.io/nvidia/pytorch:24.01-py3")
+    imp.add_argument("-o", "--output", metavar="DIR", default=".",
+                     help="directory on shared storage for the .sqsh (default: here)")
+    imp.add_argument("--dry-run", action="store_true", help="print the command and the path; run nothing")
     cn = sub.add_parser("cancel", help="scancel a run and wait for its terminal state",
                         description="scancel a run, wait for its terminal state, and record it in the run.")
     cn.add_argument("ref", metavar="JOB|RUN_DIR")
@@ -73,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        own = {"render": cmd_render, "check": cmd_check, "submit": cmd_submit}
+        own = {"render": cmd_render, "check": cmd_check, "submit": cmd_submit, "image": cmd_image}
         if args.command in own:
             return own[args.command](args)
         from . import jobs  # the job toolkit: not loaded for rendering
@@ -155,6 +166,25 @@ def _preflight(r, out):
                   f"{r.trace.warn_traces_per_step}: set trace.max_samples_per_step_per_worker "
                   "(verl's docs warn of tens of GB a day)", file=out)
     return pre
+
+
+def cmd_image(args) -> int:
+    import shlex
+    from pathlib import Path
+
+    from .images import import_command, import_image
+
+    out = Path(args.output).expanduser().absolute()
+    cmd = import_command(args.image, out)
+    if args.dry_run:
+        print(f"# would run: {shlex.join(cmd)}")
+        print(f"container.image={cmd[3]}")
+        return 0
+    existed = Path(cmd[3]).exists()
+    path = import_image(args.image, out)
+    print(f"{'already imported' if existed else 'imported'}: {path}")
+    print(f"use it with: container.image={path}")
+    return 0
 
 
 def cmd_submit(args) -> int:

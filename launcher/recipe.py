@@ -91,6 +91,16 @@ class Verl:
 
 
 @dataclass
+class Container:
+    """pyxis/enroot (SUNK): every Ray, readiness and driver step runs in the job's container."""
+    image: Optional[str] = None  # a squashfs from `verl-launch image import`, or a registry image
+    mounts: List[str] = field(default_factory=list)  # "SRC:DST[:FLAGS]": shared storage, data
+    workdir: Optional[str] = None  # absolute, inside the container
+    env: List[str] = field(default_factory=list)  # host variables the container must see as set
+    mount_home: bool = True  # false: --no-container-mount-home
+
+
+@dataclass
 class Paths:
     runs: str = "~/verl-launch/runs"  # shared storage on a real cluster
 
@@ -105,6 +115,7 @@ class Recipe:
     wandb: Wandb = field(default_factory=Wandb)
     trace: Trace = field(default_factory=Trace)
     verl: Verl = field(default_factory=Verl)
+    container: Container = field(default_factory=Container)
     paths: Paths = field(default_factory=Paths)
 
     # Not part of the YAML: where it came from, for messages and the run record.
@@ -430,6 +441,23 @@ def validate(r: Recipe, blame) -> None:
     for k in r.verl.overrides:
         if not _OVERRIDE_KEY.fullmatch(str(k)):
             bad(f"verl.overrides.{k}", "not a valid Hydra key (dotted names, optional + or ++ prefix)")
+
+    k = r.container
+    if k.image is not None and not re.fullmatch(r"[^\s,'\"\\`$;|<>]+", k.image):
+        bad("container.image", f"{k.image!r} is not an image name or squashfs path (no spaces, commas or quotes)")
+    for i, m in enumerate(k.mounts):  # pyxis separates mounts with commas
+        if not re.fullmatch(r"/[^\s,:'\"\\`$]*:/[^\s,:'\"\\`$]*(:[a-z+]+)?", m):
+            bad(f"container.mounts[{i}]", f"{m!r} must be SRC:DST[:FLAGS], absolute paths, no commas or spaces")
+    if k.workdir is not None and not re.fullmatch(r"/[^\s'\"\\`$]*", k.workdir):
+        bad("container.workdir", f"{k.workdir!r} must be an absolute path inside the container")
+    for i, name in enumerate(k.env):
+        if not _ENV_NAME.fullmatch(name):
+            bad(f"container.env[{i}]", f"{name!r} is not an environment variable name")
+    if k.image is None:
+        for name, value, default in (("mounts", k.mounts, []), ("workdir", k.workdir, None),
+                                     ("env", k.env, []), ("mount_home", k.mount_home, True)):
+            if value != default:
+                bad(f"container.{name}", "is set, but container.image is not: there is no container")
 
     if not r.paths.runs or _CONTROL.search(r.paths.runs):
         bad("paths.runs", "must be a directory path")

@@ -62,6 +62,24 @@ def directives(r: Recipe) -> List[str]:
     return d
 
 
+def container_args(r: Recipe) -> List[str]:
+    """pyxis's srun options for the recipe's container; [] without one. The job-scoped
+    --container-name is added by the script (it holds the job id)."""
+    k = r.container
+    if not k.image:
+        return []
+    args = [f"--container-image={k.image}"]
+    if k.mounts:
+        args.append("--container-mounts=" + ",".join(k.mounts))
+    if k.workdir:
+        args.append(f"--container-workdir={k.workdir}")
+    if k.env:
+        args.append("--container-env=" + ",".join(k.env))
+    if not k.mount_home:
+        args.append("--no-container-mount-home")
+    return args
+
+
 def wandb_env(r: Recipe) -> List[Tuple[str, str]]:
     """W&B settings every node exports before Ray starts (never the key: it stays in the env)."""
     w = r.wandb
@@ -109,6 +127,7 @@ def render(r: Recipe) -> str:
         worker_ports=r.cluster.worker_ports,
         port_slots=port_slots(r),
         wait_ready_py=_embedded("wait_ready.py"),
+        container_args=container_args(r),
         reach_timeout=r.wandb.reach_timeout if (r.wandb.enabled or r.trace.backend == "weave") else 0,
         on_unreachable=r.trace.on_unreachable,
         reach_wandb_py=_embedded("reach_wandb.py"),

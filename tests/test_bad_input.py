@@ -125,6 +125,15 @@ CASES = [
          overrides=["verl.overrides.trainer.default_local_dir=checkpoints/x"], where=CMDLINE),
     Case("signal-seconds-zero", key="cluster.signal_seconds", overrides=["cluster.signal_seconds=0"],
          where=CMDLINE),
+    Case("container-mount-comma", key="container.mounts[0]", overrides=["container.image=/x/y.sqsh",
+         "container.mounts=['/a:/b,/c:/d']"], where=CMDLINE),
+    Case("container-mount-relative", key="container.mounts[0]", overrides=["container.image=/x/y.sqsh",
+         "container.mounts=[data:/data]"], where=CMDLINE),
+    Case("container-settings-without-image", key="container.mount_home", overrides=["container.mount_home=false"],
+         where=CMDLINE),
+    Case("container-image-space", key="container.image", edit=_set("container.image", "my image")),
+    Case("container-workdir-relative", key="container.workdir", overrides=["container.image=/x/y.sqsh",
+         "container.workdir=work"], where=CMDLINE),
     Case("sbatch-arg-signal", key="cluster.sbatch_args[0]", edit=_set("cluster.sbatch_args", ["--signal=USR1@60"])),
 ]
 

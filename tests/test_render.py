@@ -41,10 +41,40 @@ def test_golden(recipe):
     assert got == golden.read_text(), f"{recipe.name} renders differently from {golden}"
 
 
-@pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: p.stem)
+# Variants beyond the shipped recipes' own settings: SUNK's containers (pyxis).
+VARIANTS = {"gsm8k-grpo+sunk": (RECIPES / "gsm8k-grpo.yaml",
+                                ["cluster=sunk", "cluster.partition=h100", "cluster.account=team", "runtime.setup=[]",
+                                 "container.workdir=/mnt/data/work", "container.env=[HF_TOKEN]"])}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_golden_variants(name):
+    recipe, overrides = VARIANTS[name]
+    got = _render(recipe, *overrides)
+    golden = GOLDEN / f"{name}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(got)
+    assert got == golden.read_text(), f"{name} renders differently from {golden}"
+
+
+def test_container_steps_run_in_the_image_and_the_nodes_step_on_the_host():
+    recipe, overrides = VARIANTS["gsm8k-grpo+sunk"]
+    script = render(load(recipe, overrides).recipe)
+    assert '--container-name="verl-launch-$JOB_ID"' in script
+    commands = [c for c in script.replace("\\\n", " ").splitlines() if "srun --overlap" in c]
+    in_image = [c for c in commands if '"${CONTAINER[@]}"' in c]
+    on_host = [c for c in commands if c not in in_image]
+    assert len(in_image) == 6, commands  # teardown, reach check, head, workers, readiness, driver
+    assert len(on_host) == 1 and "node_ip" in on_host[0]  # the address probe needs the host's `ip`
+    plain = render(load(RECIPES / "gsm8k-grpo.yaml").recipe)
+    assert "CONTAINER=()" in plain and "--container" not in plain
+
+
+@pytest.mark.parametrize("recipe", [*SHIPPED, *VARIANTS], ids=str)
 def test_rendered_script_passes_bash_n_and_shellcheck(recipe, tmp_path):
+    path, overrides = VARIANTS.get(recipe, (recipe, []))
     script = tmp_path / "job.sbatch"
-    script.write_text(render(load(recipe).recipe))  # as rendered: paths not replaced by <ROOT>
+    script.write_text(render(load(path, overrides).recipe))  # as rendered: paths not replaced by <ROOT>
     subprocess.run(["bash", "-n", str(script)], check=True)
     if shutil.which("shellcheck") is None:
         pytest.fail("shellcheck is not installed (make system-deps installs it)")
