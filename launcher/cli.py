@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     recipe_cmd("check", "validate a recipe, run verl's own checks on its overrides (in runtime.python), "
                         "and show what would run (exit 0 valid, 2 invalid)")
     s = recipe_cmd("submit", "check (as `check`), write a run directory and submit the script with sbatch")
+    s.add_argument("--local", action="store_true",
+                   help="run the same script here, without Slurm: one node, this machine's GPUs "
+                        "(CUDA_VISIBLE_DEVICES), free ports; for a one-box smoke run (CI)")
     s.add_argument("--no-check", action="store_true",
                    help="skip verl's own checks (the launcher's checks still run)")
     s.add_argument("--dry-run", action="store_true",
@@ -108,7 +111,12 @@ def _fail(message: str, code: int) -> int:
 def _load(args):
     from .recipe import load
 
-    return load(args.recipe, args.overrides)
+    overrides = list(args.overrides)
+    if getattr(args, "local", False):
+        from .local import local_overrides
+
+        overrides += local_overrides(os.environ)
+    return load(args.recipe, overrides)
 
 
 def cmd_render(args) -> int:
@@ -204,6 +212,8 @@ def cmd_submit(args) -> int:
             print(f"# would run: {req}")
             sys.stdout.write(req.script)
         return 0
+    if args.local:
+        return _run_local(req, loaded.recipe, args)
     try:
         done = schedule(req)
     except SlurmError as e:
@@ -227,6 +237,19 @@ def cmd_submit(args) -> int:
     if args.json:
         print(json.dumps(info))
     return 0 if final.get("JobState") == "COMPLETED" else EXIT_FAILED
+
+
+def _run_local(req, r, args) -> int:
+    from . import local
+
+    out = sys.stderr if args.json else sys.stdout
+    print(f"Running locally (no Slurm) in {req.paths.run_dir}", file=out, flush=True)
+    rec = local.run(req, r, os.environ, out)
+    print(f"local run {rec['job_id']} {rec['final_state']} exit code {rec['exit_code']} in {rec['elapsed']} s; "
+          f"output in {req.paths.stdout(rec['job_id'])}", file=out)
+    if args.json:
+        print(json.dumps({k: rec[k] for k in ("job_id", "run_dir", "final_state", "exit_code", "leftovers")}))
+    return 0 if rec["final_state"] == "COMPLETED" else EXIT_FAILED
 
 
 def _wait(done, out) -> dict:

@@ -38,9 +38,25 @@ def _row(run: dict, info: dict) -> dict:
             "elapsed": _elapsed(run, info), "run_dir": run["run_dir"], "source": info.get("source")}
 
 
+def _states(runs: list) -> dict:
+    """Each run's state by run dir: Slurm's for submitted runs (batched), the run's own record
+    for local ones (Slurm never knew them)."""
+    queued = [r for r in runs if not r.get("local")]
+    out = slurm.states(queued) if queued else {}
+    for run in runs:
+        if run.get("local"):
+            try:
+                rec = json.loads(RunPaths(Path(run["run_dir"])).record.read_text())
+            except (OSError, ValueError):
+                rec = {}
+            out[run["run_dir"]] = {"state": rec.get("final_state", "RUNNING"), "exit_code": rec.get("exit_code"),
+                                   "source": "local"}
+    return out
+
+
 def cmd_list(args) -> int:
     runs = registry.runs()[-args.n:] if args.n > 0 else []
-    info = slurm.states(runs) if runs else {}
+    info = _states(runs)
     rows = [_row(r, info.get(r["run_dir"], {})) for r in reversed(runs)]
     if args.json:
         print(json.dumps(rows))
@@ -64,7 +80,7 @@ def wandb_links(run: dict) -> dict:
 
 def cmd_status(args) -> int:
     run = _run_or_fail(args.ref)
-    row = _row(run, slurm.states([run])[run["run_dir"]])
+    row = _row(run, _states([run])[run["run_dir"]])
     row["links"] = wandb_links(run)
     row["stdout"] = str(RunPaths(Path(run["run_dir"])).stdout(run["job_id"]))
     if args.json:
@@ -134,7 +150,7 @@ def cmd_cancel(args) -> int:
     try:
         rec = json.loads(paths.record.read_text())
         rec.update(cancelled=time.time(), final_state=state)
-        paths.record.write_text(json.dumps(rec, indent=2) + "\n")
+        paths.write_record(rec)
     except (OSError, ValueError):
         pass
     print(f"job {run['job_id']} {state}")

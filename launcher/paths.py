@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import RecipeError
 
 
 @dataclass(frozen=True)
@@ -16,6 +20,30 @@ class RunPaths:
     PHASES = "phases.jsonl"  # the job's timestamped phase markers
     LOGS = "logs"  # Ray head/worker logs and the node list
     NODES = "nodes.txt"  # "hostname address" per node, under LOGS
+
+    def create(self, script: str, recipe_yaml: str) -> None:
+        """The run directory (0700), with the script and the resolved recipe (0600)."""
+        old = os.umask(0o077)
+        try:
+            self.run_dir.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.run_dir.mkdir(mode=0o700)
+            except FileExistsError:
+                raise RecipeError("run directory already exists", where=str(self.run_dir)) from None
+        except OSError as e:
+            raise RecipeError(f"cannot create the run directory {self.run_dir}: {e.strerror}",
+                              where="paths.runs") from None
+        finally:
+            os.umask(old)
+        _write_private(self.script, script)
+        _write_private(self.recipe, recipe_yaml)
+
+    def write_record(self, record: dict) -> None:
+        """run.json: replaced whole (write then rename), so a reader never sees half of it."""
+        tmp = self.record.with_suffix(".json.tmp")
+        tmp.unlink(missing_ok=True)
+        _write_private(tmp, json.dumps(record, indent=2) + "\n")
+        tmp.replace(self.record)
 
     @property
     def script(self) -> Path:
@@ -49,3 +77,9 @@ class RunPaths:
 
     def driver_log(self, restart: int = 0) -> Path:
         return self.logs / f"driver.r{restart}.log"
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

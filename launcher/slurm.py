@@ -78,14 +78,8 @@ def schedule(req: SubmitRequest, environ: Optional[Mapping[str, str]] = None) ->
     sbatch = shutil.which(req.command[0])
     if sbatch is None:
         raise SlurmError(f"{req.command[0]} not found on PATH: run this on a Slurm login node")
+    p.create(req.script, req.recipe_yaml)
     try:
-        _mkdir_private(p.run_dir)
-    except OSError as e:
-        raise RecipeError(f"cannot create the run directory {p.run_dir}: {e.strerror}",
-                          where="paths.runs") from None
-    try:
-        _write_private(p.script, req.script)
-        _write_private(p.recipe, req.recipe_yaml)
         try:
             proc = subprocess.run([sbatch, *req.command[1:]], cwd=p.run_dir, capture_output=True,
                                   text=True, env=dict(environ) if environ is not None else None,
@@ -100,33 +94,21 @@ def schedule(req: SubmitRequest, environ: Optional[Mapping[str, str]] = None) ->
     except BaseException:
         shutil.rmtree(p.run_dir, ignore_errors=True)  # nothing half-written is left behind
         raise
-    record = dict(req.meta, job_id=job_id, run_dir=str(p.run_dir), command=str(req),
-                  submitted=time.time())
-    _write_private(p.record, json.dumps(record, indent=2) + "\n")
-    registry.record(record)
+    record_run(req, job_id)
     return Submitted(job_id=job_id, paths=p)
+
+
+def record_run(req: SubmitRequest, job_id: str, **extra) -> dict:
+    """run.json in the run directory, and a line in the registry."""
+    record = dict(req.meta, job_id=job_id, run_dir=str(req.paths.run_dir), command=str(req),
+                  submitted=time.time(), **extra)
+    req.paths.write_record(record)
+    registry.record(record)
+    return record
 
 
 def submit(loaded: Loaded, environ: Optional[Mapping[str, str]] = None) -> Submitted:
     return schedule(plan(loaded), environ)
-
-
-def _mkdir_private(path: Path) -> None:
-    old = os.umask(0o077)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:
-            raise RecipeError("run directory already exists", where=str(path)) from None
-    finally:
-        os.umask(old)
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
 
 
 # ----------------------------------------------------------------------------- watching
