@@ -6,6 +6,7 @@ run; verl's own validation (issue 4's preflight) runs separately, in verl itself
 
 from __future__ import annotations
 
+import os
 import posixpath
 from typing import Any, Dict
 
@@ -25,12 +26,22 @@ def is_verl(r: Recipe) -> bool:
     return r.verl.entrypoint.split(".")[0] == "verl"
 
 
-def cpus_needed(r: Recipe, v: Dict[str, Any]) -> int:
+def count(v: Dict[str, Any], key: str, blame=lambda key: "recipe") -> int:
+    """A verl count from the overrides (else verl's default), which must be a whole number."""
+    value = v.get(key, VERL_DEFAULTS[key])
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RecipeError(f"must be a whole number, got {value!r}", where=blame(f"verl.overrides.{key}"),
+                          key=f"verl.overrides.{key}")
+    return value
+
+
+def cpus_needed(r: Recipe, v: Dict[str, Any], blame=lambda key: "recipe") -> int:
     """A lower bound on the CPUs verl's Ray actors reserve (each actor holds one CPU while it
     lives): one worker per GPU, the agent-loop and reward-loop workers, the task runner."""
-    get = lambda k: v.get(k, VERL_DEFAULTS[k]) or 0  # noqa: E731
-    return (r.cluster.nodes * r.cluster.gpus_per_node + get("actor_rollout_ref.rollout.agent.num_workers")
-            + get("reward.num_workers") + 1)
+    return (r.cluster.nodes * r.cluster.gpus_per_node + count(v, "actor_rollout_ref.rollout.agent.num_workers", blame)
+            + count(v, "reward.num_workers", blame) + 1)
 
 
 def verl_settings(r: Recipe, blame=lambda key: "recipe") -> Dict[str, Any]:
@@ -45,6 +56,15 @@ def check(r: Recipe, blame=lambda key: "recipe") -> None:
     def bad(key: str, message: str) -> None:
         raise RecipeError(message, where=blame(key), key=key)
 
+    if r.container.image:  # what the steps in the container read and write must be mounted
+        same = [m.split(":")[0].rstrip("/") for m in r.container.mounts if m.split(":")[0] == m.split(":")[1]]
+        where = {"paths.runs": os.path.abspath(os.path.expanduser(r.paths.runs))}
+        if v.get(CKPT_DIR) is not None:
+            where[f"verl.overrides.{CKPT_DIR}"] = str(v[CKPT_DIR])
+        for key, path in where.items():
+            if not any(path == src or path.startswith(src + "/") for src in same):
+                bad(key, f"{path} is not inside a container.mounts entry mounted at the same path "
+                    f"({', '.join(r.container.mounts) or 'none'}): the container would not see it")
     if r.trace.backend == "weave" and not r.wandb.enabled:
         bad("trace.backend", "weave traces live in a W&B project: set wandb.enabled=true "
             "(or trace.backend=none)")
@@ -69,7 +89,7 @@ def check(r: Recipe, blame=lambda key: "recipe") -> None:
         if name not in ROLLOUT_NAMES:
             bad("verl.overrides.actor_rollout_ref.rollout.name",
                 f"{name!r} is not one of {', '.join(ROLLOUT_NAMES)}")
-        need, have = cpus_needed(r, v), r.cluster.nodes * r.cluster.cpus_per_task
+        need, have = cpus_needed(r, v, blame), r.cluster.nodes * r.cluster.cpus_per_task
         if have < need:
             bad("cluster.cpus_per_task", f"{r.cluster.nodes} node(s) x {r.cluster.cpus_per_task} CPUs = {have}, "
                 f"but verl's Ray actors reserve at least {need} (a GPU worker each, agent-loop and "

@@ -134,8 +134,11 @@ def cmd_logs(args) -> int:
             return 0
         if time.monotonic() - last_check >= 5:  # one scontrol every 5 s, not every read
             last_check = time.monotonic()
-            info = slurm.job_info(run["job_id"])
-            ended = info is None or slurm.ended(info)
+            if run.get("local"):  # ended when its record has the final state
+                ended = _states([run])[run["run_dir"]]["state"] != "RUNNING"
+            else:
+                info = slurm.job_info(run["job_id"])
+                ended = info is None or slurm.ended(info)
             if ended and (not path.exists() or path.stat().st_size == pos):
                 return 0
         time.sleep(1)
@@ -143,6 +146,9 @@ def cmd_logs(args) -> int:
 
 def cmd_cancel(args) -> int:
     run = _run_or_fail(args.ref)
+    if run.get("local"):  # its id is not a Slurm job's: scancel could hit someone else's job
+        raise SlurmError(f"run {run['job_id']} ran locally (submit --local), not under Slurm: "
+                         "stop it with Ctrl-C where it runs")
     slurm.cancel(run["job_id"])
     paths = RunPaths(Path(run["run_dir"]))
     final = slurm.watch(run["job_id"], paths, lambda text: None, poll=1.0, timeout=120)

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import List, Mapping, TextIO
@@ -77,7 +78,7 @@ def _free_job_id(r) -> int:
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
         try:
-            s.bind(("127.0.0.1", port))
+            s.bind(("", port))  # every address: Ray listens on the node's own
             return True
         except OSError:
             return False
@@ -101,24 +102,45 @@ def run(req: SubmitRequest, r, environ: Mapping[str, str], out: TextIO = sys.std
     t0 = time.time()
     proc = subprocess.Popen(["bash", p.SCRIPT], cwd=p.run_dir, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    # Output is pumped beside the wait: a leftover holding the pipe open must not hang us.
+    pump = threading.Thread(target=_pump, args=(proc.stdout, p.stdout(job_id), out), daemon=True)
+    pump.start()
+
+    def stop(signum, frame):  # as scancel would: TERM to the script, whose teardown runs
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except OSError:
+            pass
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        with open(p.stdout(job_id), "wb") as log:  # Slurm's output file, and the terminal
-            for line in proc.stdout:
-                log.write(line)
-                log.flush()
-                out.write(line.decode(errors="replace"))
-                out.flush()
-        rc = proc.wait()
-    except KeyboardInterrupt:  # as scancel would: TERM, and the script tears down
-        os.killpg(proc.pid, signal.SIGTERM)
-        rc = proc.wait()
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # Ctrl-C: the same, and wait for the teardown
+                stop(None, None)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     leftovers = _kill_leftovers(job_id)
+    pump.join(timeout=10)
     record.update(finished=time.time(), elapsed=round(time.time() - t0, 1), exit_code=f"{rc}:0",
                   final_state="COMPLETED" if rc == 0 else "FAILED", leftovers=len(leftovers))
     p.write_record(record)
     if leftovers:
         out.write(f"verl-launch: killed {len(leftovers)} process(es) the job left behind: {leftovers}\n")
     return record
+
+
+def _pump(stream, path: Path, out: TextIO) -> None:
+    """The script's output to Slurm's output file and to the terminal."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
+        for line in stream:
+            log.write(line)
+            log.flush()
+            out.write(line.decode(errors="replace"))
+            out.flush()
 
 
 def _kill_leftovers(job_id: str) -> List[int]:

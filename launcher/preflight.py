@@ -47,6 +47,7 @@ def run(r: Recipe, environ: Mapping[str, str]) -> Preflight:
                                         "only the launcher's own checks ran")
     # Never the secrets: verl's config needs none of them.
     env = {k: v for k, v in environ.items() if not k.startswith("WANDB_") and k not in r.secrets}
+    env.update(r.env)  # as on the nodes: an override may read one with ${oc.env:...}
     with tempfile.TemporaryDirectory(prefix="verl-launch-preflight-") as cwd:
         try:
             proc = subprocess.run([python, "-c", SCRIPT.read_text()], input=json.dumps({"overrides": verl_args(r)}),
@@ -54,6 +55,8 @@ def run(r: Recipe, environ: Mapping[str, str]) -> Preflight:
         except subprocess.TimeoutExpired:
             return Preflight("unavailable", f"verl's checks did not finish within {TIMEOUT} s: "
                                             "only the launcher's own checks ran")
+        except OSError as e:
+            return Preflight("unavailable", f"cannot run {python} ({e.strerror}): only the launcher's own checks ran")
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
     if not lines:
         tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
@@ -64,14 +67,22 @@ def run(r: Recipe, environ: Mapping[str, str]) -> Preflight:
     if res.get("stage") == "import":
         return Preflight("unavailable", f"verl is not importable with {python} ({res['error']}): "
                                         "only the launcher's own checks ran")
-    if r.verl.version and version and not same_series(r.verl.version, version):
+    try:
+        other = bool(version) and not same_series(r.verl.version or NEWEST_CHECKED, version)
+    except ValueError:  # a version string we cannot read: say so, do not guess
+        other = False
+    if other and r.verl.version:
         raise RecipeError(f"the recipe targets verl {r.verl.version}, but {python} has verl {version}: "
                           "the derived overrides differ between them; set verl.version", where=r.source,
                           key="verl.version")
     if not res["ok"]:
-        raise RecipeError(f"verl {version} rejects the overrides ({res['stage']}): {res['error']}",
+        hint = (f"; the derived overrides followed verl {NEWEST_CHECKED}'s rules: set verl.version={version}"
+                if other else "")
+        raise RecipeError(f"verl {version} rejects the overrides ({res['stage']}): {res['error']}{hint}",
                           where=f"{r.source} (checked by verl with {python})", key="verl.overrides")
     note = "" if r.verl.version else f" (verl.version unset: the rules for verl {NEWEST_CHECKED} apply)"
+    if other:  # verl.version unset, and this verl is not the series whose rules apply
+        note += f"; this is not verl {NEWEST_CHECKED}'s series: set verl.version={version}"
     return Preflight("ok", f"verl {version} with {python}: composed, validated, dataclasses built{note}",
                      verl_version=version, config=res.get("config") or {})
 
@@ -85,6 +96,8 @@ def trace_volume(r: Recipe, resolved: Optional[Dict[str, Any]] = None) -> Option
     n, workers = v["actor_rollout_ref.rollout.n"], v["actor_rollout_ref.rollout.agent.num_workers"]
     batch = v.get("data.train_batch_size")
     cap = r.trace.max_samples_per_step_per_worker
-    if not isinstance(batch, int):
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (n, workers)):
+        return None  # not numbers verl would accept: its own checks say so
+    if not isinstance(batch, int) or isinstance(batch, bool):
         return None if cap is None else cap * workers * n
     return batch * n if cap is None else min(cap * workers, batch) * n

@@ -130,6 +130,7 @@ def render(r: Recipe) -> str:
         container_args=container_args(r),
         reach_timeout=r.wandb.reach_timeout if (r.wandb.enabled or r.trace.backend == "weave") else 0,
         on_unreachable=r.trace.on_unreachable,
+        reach_weave="weave" if r.trace.backend == "weave" else "-",
         reach_wandb_py=_embedded("reach_wandb.py"),
     )
     return env.get_template(TEMPLATE).render(ctx)

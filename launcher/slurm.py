@@ -244,8 +244,8 @@ def states(runs: List[dict]) -> dict:
     def mine(run, info):
         if info is None:
             return False
-        if info.get("work_dir"):
-            return info["work_dir"] == run.get("run_dir")
+        if info.get("work_dir"):  # Slurm records the physical path: compare those
+            return os.path.realpath(info["work_dir"]) == os.path.realpath(run.get("run_dir") or "")
         # No working directory on record (a job not yet started, in some accounting): its
         # submit time must fall while this run's sbatch ran.
         t = slurm_time(info.get("submit"))

@@ -134,6 +134,11 @@ CASES = [
     Case("container-image-space", key="container.image", edit=_set("container.image", "my image")),
     Case("container-workdir-relative", key="container.workdir", overrides=["container.image=/x/y.sqsh",
          "container.workdir=work"], where=CMDLINE),
+    Case("container-run-dir-not-mounted", key="paths.runs", overrides=["container.image=/x/y.sqsh",
+         "container.mounts=[/mnt/data:/mnt/data]", "paths.runs=/tmp/runs"], where=CMDLINE),
+    Case("count-as-string", key="verl.overrides.reward.num_workers",
+         edit=_set("verl.overrides", {**BASE["verl"]["overrides"], "reward.num_workers": "8"}),
+         overrides=["verl.entrypoint=verl.trainer.main_ppo"]),
     Case("sbatch-arg-signal", key="cluster.sbatch_args[0]", edit=_set("cluster.sbatch_args", ["--signal=USR1@60"])),
 ]
 

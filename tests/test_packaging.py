@@ -63,7 +63,7 @@ def test_wheel_in_a_fresh_venv_renders_and_checks(wheel, tmp_path):
     # A user's own recipe elsewhere still composes the shipped cluster profile.
     mine = tmp_path / "mine.yaml"
     mine.write_text("defaults:\n  - cluster: sunk\njob:\n  name: mine\nwandb:\n  project: p\n"
-                    "verl:\n  overrides:\n    actor_rollout_ref.rollout.name: vllm\n")
+                    "verl:\n  overrides:\n    actor_rollout_ref.rollout.name: vllm\npaths:\n  runs: /mnt/data/runs\n")
     check = subprocess.run([exe, "check", mine, "cluster.nodes=4"], capture_output=True, text=True, cwd=tmp_path)
     assert check.returncode == 0, check.stderr
     assert "4 node(s) x 8 GPU(s), 112 CPUs" in check.stdout

@@ -44,6 +44,8 @@ def test_golden(recipe):
 # Variants beyond the shipped recipes' own settings: SUNK's containers (pyxis).
 VARIANTS = {"gsm8k-grpo+sunk": (RECIPES / "gsm8k-grpo.yaml",
                                 ["cluster=sunk", "cluster.partition=h100", "cluster.account=team", "runtime.setup=[]",
+                                 "paths.runs=/mnt/data/runs",
+                                 "verl.overrides.trainer.default_local_dir=/mnt/data/ckpt/gsm8k",
                                  "container.workdir=/mnt/data/work", "container.env=[HF_TOKEN]"])}
 
 
