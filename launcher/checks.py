@@ -26,12 +26,17 @@ def is_verl(r: Recipe) -> bool:
     return r.verl.entrypoint.split(".")[0] == "verl"
 
 
+def whole(x: Any) -> bool:
+    """A whole number as YAML or Hydra gives one (a bool is not)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def count(v: Dict[str, Any], key: str, blame=lambda key: "recipe") -> int:
     """A verl count from the overrides (else verl's default), which must be a whole number."""
     value = v.get(key, VERL_DEFAULTS[key])
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not whole(value):
         raise RecipeError(f"must be a whole number, got {value!r}", where=blame(f"verl.overrides.{key}"),
                           key=f"verl.overrides.{key}")
     return value
@@ -56,11 +61,12 @@ def check(r: Recipe, blame=lambda key: "recipe") -> None:
     def bad(key: str, message: str) -> None:
         raise RecipeError(message, where=blame(key), key=key)
 
+    ckpt = v.get(CKPT_DIR)
     if r.container.image:  # what the steps in the container read and write must be mounted
         same = [m.split(":")[0].rstrip("/") for m in r.container.mounts if m.split(":")[0] == m.split(":")[1]]
         where = {"paths.runs": os.path.abspath(os.path.expanduser(r.paths.runs))}
-        if v.get(CKPT_DIR) is not None:
-            where[f"verl.overrides.{CKPT_DIR}"] = str(v[CKPT_DIR])
+        if ckpt is not None:
+            where[f"verl.overrides.{CKPT_DIR}"] = str(ckpt)
         for key, path in where.items():
             if not any(path == src or path.startswith(src + "/") for src in same):
                 bad(key, f"{path} is not inside a container.mounts entry mounted at the same path "
@@ -68,7 +74,6 @@ def check(r: Recipe, blame=lambda key: "recipe") -> None:
     if r.trace.backend == "weave" and not r.wandb.enabled:
         bad("trace.backend", "weave traces live in a W&B project: set wandb.enabled=true "
             "(or trace.backend=none)")
-    ckpt = v.get(CKPT_DIR)
     if ckpt is not None and not posixpath.isabs(str(ckpt)):
         bad(f"verl.overrides.{CKPT_DIR}", f"{ckpt!r} is relative: verl would write checkpoints under "
             "the run directory of each job; give an absolute directory on shared storage")
@@ -77,7 +82,7 @@ def check(r: Recipe, blame=lambda key: "recipe") -> None:
             bad(f"verl.overrides.{CKPT_DIR}", "cluster.requeue resumes from checkpoints: set it to an "
                 "absolute directory on shared storage, so the restarted job finds them")
         freq = v.get("trainer.save_freq")
-        if not isinstance(freq, int) or isinstance(freq, bool) or freq <= 0:
+        if not whole(freq) or freq <= 0:
             bad("verl.overrides.trainer.save_freq", "cluster.requeue resumes from checkpoints: set it to "
                 "a positive number of steps (verl's default -1 saves none)")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-from .checks import VERL_DEFAULTS, is_verl, verl_settings
+from .checks import VERL_DEFAULTS, is_verl, verl_settings, whole
 from .errors import RecipeError
 from .overrides import verl_args
 from .recipe import Recipe
@@ -96,8 +96,8 @@ def trace_volume(r: Recipe, resolved: Optional[Dict[str, Any]] = None) -> Option
     n, workers = v["actor_rollout_ref.rollout.n"], v["actor_rollout_ref.rollout.agent.num_workers"]
     batch = v.get("data.train_batch_size")
     cap = r.trace.max_samples_per_step_per_worker
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (n, workers)):
+    if not (whole(n) and whole(workers)):
         return None  # not numbers verl would accept: its own checks say so
-    if not isinstance(batch, int) or isinstance(batch, bool):
+    if not whole(batch):
         return None if cap is None else cap * workers * n
     return batch * n if cap is None else min(cap * workers, batch) * n
