@@ -3,7 +3,8 @@
 #
 # One slurmctld + N slurmd. Each slurmd gets its own UTS namespace (`hostname` = node1..),
 # its own mount namespace (a sandbox /etc/hosts bind-mounted, so `hostname --ip-address`
-# differs per node) and, by default, its own network namespace, so the nodes have separate
+# differs per node; and a small tmpfs at $SANDBOX_DIR/local, node-local storage that the other
+# nodes cannot see, as /scratch on a real cluster) and, by default, its own network namespace, so the nodes have separate
 # port spaces like real hosts:
 #   SANDBOX_NET=netns    (default) link-local $SANDBOX_SUBNET.1N on bridge slbr0; no route out
 #   SANDBOX_NET=loopback all nodes share the host network as 127.0.0.1N, one port per node
@@ -94,16 +95,18 @@ ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
 all_idle() { [ "$(sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l)" -ge "$NODES" ]; }
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 
-# start_in_ns NAME NETNS CMD...: run CMD with hostname NAME and the sandbox /etc/hosts, inside
-# network namespace NETNS if given. nsenter, not `ip netns exec`: the latter remounts /sys,
-# hiding /sys/fs/cgroup, and slurmd then dies ("No filesystem mounted on /sys/fs/cgroup").
+# start_in_ns NAME NETNS CMD...: run CMD with hostname NAME, the sandbox /etc/hosts and its
+# own tmpfs at $LAB/local (node-local storage), inside network namespace NETNS if given.
+# nsenter, not `ip netns exec`: the latter remounts /sys, hiding /sys/fs/cgroup, and slurmd
+# then dies ("No filesystem mounted on /sys/fs/cgroup").
 start_in_ns() {
   local name=$1 netns=$2; shift 2
   local pre=()
   if [ -n "$netns" ]; then pre=(nsenter "--net=/run/netns/$netns" --); fi
   # shellcheck disable=SC2016  # $0/$1/$@ belong to the inner sh
   "${pre[@]}" unshare --uts --mount --propagation private -- sh -c \
-    'hostname "$0" && mount --bind "$1" /etc/hosts && shift && exec "$@"' "$name" "$ETC/hosts" "$@"
+    'hostname "$0" && mount --bind "$1" /etc/hosts && mount -t tmpfs -o size=2g,mode=1777 vl-local "$2" &&
+     shift 2 && exec "$@"' "$name" "$ETC/hosts" "$LAB/local" "$@"
 }
 
 # ---------------------------------------------------------------- controller reset (tests)
@@ -129,7 +132,7 @@ SANDBOX_DIR=$LAB SANDBOX_KEEP_MUNGE=1 "$HERE/sandbox-down.sh" || true
 # Fresh state on every start: a half-dead previous run must not leave jobs or nodes behind.
 rm -rf "$STATE" "$LOG.prev"
 if [ -d "$LOG" ]; then mv "$LOG" "$LOG.prev"; fi
-mkdir -p "$ETC" "$RUN" "$LOG" "$STATE/ctld" "$DEV"
+mkdir -p "$ETC" "$RUN" "$LOG" "$STATE/ctld" "$DEV" "$LAB/local"
 for ((i = 1; i <= NODES; i++)); do mkdir -p "$STATE/slurmd-node$i"; done
 
 # ---------------------------------------------------------------- config
