@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import os
 import posixpath
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 from .errors import RecipeError
-from .overrides import flatten
+from .overrides import derived, flatten
 from .recipe import Recipe
+from .verl_resources import DEFAULTS, STORAGE_UNITS, cpu_need
 
 CKPT_DIR = "trainer.default_local_dir"
 ROLLOUT_NAMES = ("vllm", "sglang", "trtllm")
-# verl's defaults for what its Ray actors count on (verl 0.9.1, trainer/config/*.yaml).
-VERL_DEFAULTS = {"actor_rollout_ref.rollout.agent.num_workers": 8, "reward.num_workers": 8,
-                 "actor_rollout_ref.rollout.n": 1}
+# Counts the resource model reads: whole numbers, or verl would fail later anyway.
+COUNTS = ("actor_rollout_ref.rollout.agent.num_workers", "reward.num_workers", STORAGE_UNITS)
 
 
 def is_verl(r: Recipe) -> bool:
@@ -33,7 +33,7 @@ def whole(x: Any) -> bool:
 
 def count(v: Dict[str, Any], key: str, blame=lambda key: "recipe") -> int:
     """A verl count from the overrides (else verl's default), which must be a whole number."""
-    value = v.get(key, VERL_DEFAULTS[key])
+    value = v.get(key, DEFAULTS[key])
     if value is None:
         return 0
     if not whole(value):
@@ -42,16 +42,36 @@ def count(v: Dict[str, Any], key: str, blame=lambda key: "recipe") -> int:
     return value
 
 
-def cpus_needed(r: Recipe, v: Dict[str, Any], blame=lambda key: "recipe") -> int:
-    """A lower bound on the CPUs verl's Ray actors reserve (each actor holds one CPU while it
-    lives): one worker per GPU, the agent-loop and reward-loop workers, the task runner."""
-    return (r.cluster.nodes * r.cluster.gpus_per_node + count(v, "actor_rollout_ref.rollout.agent.num_workers", blame)
-            + count(v, "reward.num_workers", blame) + 1)
-
-
 def verl_settings(r: Recipe, blame=lambda key: "recipe") -> Dict[str, Any]:
     """The recipe's verl overrides by plain dotted key (no + prefixes)."""
     return {k.lstrip("+"): v for k, v in flatten(r.verl.overrides, blame).items()}
+
+
+def effective(r: Recipe, resolved: Optional[Dict[str, Any]] = None, blame=lambda key: "recipe") -> Dict[str, Any]:
+    """verl's values as the job will pass them: the recipe's overrides, then the derived ones
+    (trainer.use_v1 with tracing...), then what verl itself resolved, where the preflight ran."""
+    v = verl_settings(r, blame)
+    v.update({k: d[0] for k, d in derived(r).items()})
+    v.update({k: x for k, x in (resolved or {}).items() if x is not None})
+    return v
+
+
+def check_capacity(r: Recipe, resolved: Optional[Dict[str, Any]] = None, blame=lambda key: "recipe"):
+    """Refuse fewer CPUs per node than verl's Ray actors hold there (verl_resources); return
+    what they hold (None for an entrypoint that is not verl's)."""
+    if not is_verl(r):
+        return None
+    v = effective(r, resolved, blame)
+    for key in COUNTS:
+        v[key] = count(v, key, blame)
+    need = cpu_need(r.cluster.nodes, r.cluster.gpus_per_node, v, r.verl.version)
+    if r.cluster.cpus_per_task < need.per_node:
+        raise RecipeError(
+            f"{r.cluster.cpus_per_task} CPUs per node for Ray, but {need.explain()}: with fewer, verl "
+            f"waits forever for its actors (verl#7398). Set cluster.cpus_per_task={need.per_node} or more"
+            + (f" (or fewer {STORAGE_UNITS})" if need.trainer == "V1" else ""),
+            where=blame("cluster.cpus_per_task"), key="cluster.cpus_per_task")
+    return need
 
 
 def check(r: Recipe, blame=lambda key: "recipe") -> None:
@@ -94,8 +114,4 @@ def check(r: Recipe, blame=lambda key: "recipe") -> None:
         if name not in ROLLOUT_NAMES:
             bad("verl.overrides.actor_rollout_ref.rollout.name",
                 f"{name!r} is not one of {', '.join(ROLLOUT_NAMES)}")
-        need, have = cpus_needed(r, v, blame), r.cluster.nodes * r.cluster.cpus_per_task
-        if have < need:
-            bad("cluster.cpus_per_task", f"{r.cluster.nodes} node(s) x {r.cluster.cpus_per_task} CPUs = {have}, "
-                f"but verl's Ray actors reserve at least {need} (a GPU worker each, agent-loop and "
-                "reward workers, the task runner); with fewer, verl waits forever for them (verl#7398)")
+        check_capacity(r, None, blame)

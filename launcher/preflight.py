@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-from .checks import VERL_DEFAULTS, is_verl, verl_settings, whole
+from .checks import is_verl, verl_settings, whole
+from .verl_resources import DEFAULTS
 from .errors import RecipeError
 from .overrides import verl_args
 from .recipe import Recipe
@@ -92,7 +93,7 @@ def trace_volume(r: Recipe, resolved: Optional[Dict[str, Any]] = None) -> Option
     agent-loop worker, each with all its rollout.n rollouts. None when unknown."""
     if r.trace.backend == "none":
         return 0
-    v = {**VERL_DEFAULTS, **verl_settings(r), **{k: x for k, x in (resolved or {}).items() if x is not None}}
+    v = {**DEFAULTS, **verl_settings(r), **{k: x for k, x in (resolved or {}).items() if x is not None}}
     n, workers = v["actor_rollout_ref.rollout.n"], v["actor_rollout_ref.rollout.agent.num_workers"]
     batch = v.get("data.train_batch_size")
     cap = r.trace.max_samples_per_step_per_worker

@@ -20,7 +20,9 @@ REPORT_KEYS = ("actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.agent.n
                "actor_rollout_ref.rollout.trace.max_samples_per_step_per_worker",
                "data.train_batch_size", "trainer.nnodes", "trainer.n_gpus_per_node",
                "trainer.default_local_dir", "trainer.logger", "trainer.use_v1",
-               "reward.num_workers", "reward_model.num_workers")
+               "reward.num_workers", "reward_model.num_workers",
+               "transfer_queue.backend.SimpleStorage.num_data_storage_units",
+               "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")
 
 
 def emit(**result):
