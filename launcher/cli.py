@@ -130,9 +130,10 @@ def cmd_check(args) -> int:
     from .overrides import verl_args
     from .secrets import find_key, needs_key, refuse_in_recipe, secret_values
 
-    r = _load(args).recipe
+    loaded = _load(args)
+    r = loaded.recipe
     refuse_in_recipe(r, secret_values(r, os.environ))
-    pre = _preflight(r, sys.stdout)
+    pre = _preflight(loaded, sys.stdout)
     c = r.cluster
     print(f"recipe      {r.source}")
     print(f"job         {r.job.name}: {c.nodes} node(s) x {c.gpus_per_node} GPU(s), "
@@ -155,13 +156,19 @@ def cmd_check(args) -> int:
     return 0
 
 
-def _preflight(r, out):
-    """verl's own checks, the version rules and the trace volume, printed to ``out``."""
+def _preflight(loaded, out):
+    """verl's own checks, the version rules and the trace volume, printed to ``out``; the
+    CPU need again, from the values verl resolved."""
     from . import preflight
+    from .checks import check_capacity
     from .verl_versions import rules_for
 
+    r = loaded.recipe
     pre = preflight.run(r, os.environ)
     print(f"preflight   {pre.status}: {pre.message}", file=out)
+    need = check_capacity(r, pre.config, loaded.blame)
+    if need:
+        print(f"cpus        {r.cluster.cpus_per_task} per node for Ray; {need.explain()}", file=out)
     for rule in rules_for(r):
         print(f"verl rule   {rule.key}={rule.value!r}: {rule.why}", file=out)
     per_step = preflight.trace_volume(r, pre.config)
@@ -202,7 +209,7 @@ def cmd_submit(args) -> int:
     loaded = _load(args)
     require(loaded.recipe, os.environ)
     if not args.no_check:
-        _preflight(loaded.recipe, sys.stderr)
+        _preflight(loaded, sys.stderr)
     req = plan(loaded)
     if args.dry_run:
         if args.json:
@@ -270,8 +277,9 @@ def _wait(done, out) -> dict:
     except KeyboardInterrupt:
         print(f"\ndetached; job {done.job_id} keeps running (scancel {done.job_id} to stop it)", file=out)
         raise SystemExit(0)
-    print(f"job {done.job_id} {final.get('JobState')} exit code {final.get('ExitCode')}; "
-          f"output in {done.paths.stdout(done.job_id)}", file=out)
+    why = done.paths.stop_reason() if final.get("JobState") != "COMPLETED" else None
+    print(f"job {done.job_id} {final.get('JobState')} exit code {final.get('ExitCode')}"
+          + (f" - {why}" if why else "") + f"; output in {done.paths.stdout(done.job_id)}", file=out)
     return final
 
 

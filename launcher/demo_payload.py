@@ -8,7 +8,8 @@ processes see (the key only as present/absent and a short digest), writes
 match ``trainer.nnodes`` x ``trainer.n_gpus_per_node``. ``demo.exit_code=N`` makes it exit N
 after reporting (to show a failing entrypoint), ``demo.hold=S`` sleeps S seconds first.
 ``demo.trace=true`` runs verl's real rollout-tracing code in a Ray actor on every node (see
-``trace_on_every_node``); it needs verl and weave on the nodes.
+``trace_on_every_node``); it needs verl and weave on the nodes. ``demo.stuck=N`` then waits on
+an actor that asks for N CPUs (more than a node has: work the job's watchdog must catch).
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import socket
 import sys
 import time
 
+# What a GPU worker sees of every vendor's visibility variable (the job keeps its vendor's).
+GPU_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
+            "GPU_DEVICE_ORDINAL")
 WANDB_VARS = ("WANDB_PROJECT", "WANDB_NAME", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_RUN_ID", "WANDB_RESUME")
 # What a requeued job's trainer sees: the restart count, and the checkpoint deadline for verl.
 JOB_VARS = ("SLURM_RESTART_COUNT", "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP")
@@ -123,12 +127,13 @@ def main(argv: list) -> int:
 
     @ray.remote(num_gpus=1, num_cpus=0)
     def on_gpu():
-        return socket.gethostname(), os.environ.get("CUDA_VISIBLE_DEVICES")
+        return socket.gethostname(), os.environ.get("CUDA_VISIBLE_DEVICES"), {v: os.environ.get(v) for v in GPU_VARS}
 
     seen = ray.get([on_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
                     for n in nodes])
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    gpu_tasks = sorted(ray.get([on_gpu.remote() for _ in range(gpus)]))
+    on_gpus = sorted(ray.get([on_gpu.remote() for _ in range(gpus)]), key=lambda t: t[:2])
+    gpu_tasks = [t[:2] for t in on_gpus]
     traced = trace_on_every_node(ray, nodes, as_config(overrides)) if overrides.get("demo.trace") else None
     report = {
         "traced": traced,
@@ -140,6 +145,7 @@ def main(argv: list) -> int:
         "nodes": sorted(seen, key=lambda s: s["hostname"]),
         "cluster_gpus": gpus,
         "gpu_tasks": gpu_tasks,
+        "gpu_env": [t[2] for t in on_gpus],
     }
     restart = os.environ.get("SLURM_RESTART_COUNT", "0")
     with open(f"demo-report.r{restart}.json", "w") as f:
@@ -166,6 +172,16 @@ def main(argv: list) -> int:
     if missing:
         print(f"ERROR: WANDB_API_KEY missing on {', '.join(missing)}", file=sys.stderr)
         return 1
+    stuck = overrides.get("demo.stuck")
+    if stuck:  # an actor no node can hold: verl's silent wait, in miniature
+        @ray.remote(num_cpus=int(stuck))
+        class TooBig:
+            def ping(self):
+                return 1
+
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        print(f"waiting on an actor that needs {stuck} CPUs (demo.stuck)", flush=True)
+        ray.get(TooBig.remote().ping.remote())
     hold = float(overrides.get("demo.hold", 0))
     if hold:  # keep the job in its training phase, for fault tests
         print(f"holding for {hold:g} s (demo.hold)", flush=True)

@@ -29,12 +29,15 @@ def _elapsed(run: dict, info: dict) -> str:
 
 
 def _row(run: dict, info: dict) -> dict:
-    phase = slurm.last_phase(RunPaths(Path(run["run_dir"])))
+    paths = RunPaths(Path(run["run_dir"]))
+    phase = paths.last_phase()
     return {"job_id": run["job_id"], "name": run.get("job_name"), "experiment": run.get("experiment"),
             "state": info.get("state", "UNKNOWN"), "exit_code": info.get("exit_code"),
             "reason": info.get("reason"), "phase": phase["phase"] if phase else None,
             "phase_detail": phase.get("detail") if phase else None,
             "restart": phase.get("restart", 0) if phase else 0, "nodes": run.get("nodes"),
+            "stopped": paths.stop_reason(),
+            "progress": paths.progress(phase.get("restart", 0)) if phase and phase["phase"] == "driver-start" else None,
             "elapsed": _elapsed(run, info), "run_dir": run["run_dir"], "source": info.get("source")}
 
 
@@ -93,6 +96,10 @@ def cmd_status(args) -> int:
     if row["phase"]:
         print(f"phase      {row['phase']}" + (f" ({row['phase_detail']})" if row["phase_detail"] else "")
               + (f", restart {row['restart']}" if row["restart"] else ""))
+    if row["progress"]:
+        print(f"progress   {row['progress']}")
+    if row["stopped"]:
+        print(f"stopped    {row['stopped']}")
     print(f"elapsed    {row['elapsed']}")
     print(f"run dir    {row['run_dir']}")
     print(f"output     {row['stdout']}")

@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from .errors import RecipeError
 
@@ -20,6 +21,9 @@ class RunPaths:
     PHASES = "phases.jsonl"  # the job's timestamped phase markers
     LOGS = "logs"  # Ray head/worker logs and the node list
     NODES = "nodes.txt"  # "hostname address" per node, under LOGS
+    # Phases whose detail says why a run stopped early: the script's own errors, the driver's
+    # last exception, the watchdog's verdict.
+    STOP_PHASES = ("error", "driver-error", "hang", "ray-lost")
 
     def create(self, script: str, recipe_yaml: str) -> None:
         """The run directory (0700), with the script and the resolved recipe (0600)."""
@@ -77,6 +81,38 @@ class RunPaths:
 
     def driver_log(self, restart: int = 0) -> Path:
         return self.logs / f"driver.r{restart}.log"
+
+    def ray_state(self, restart: int = 0) -> Path:
+        """What the job's Ray runs where, written by the watchdog (templates/watch_ray.py)."""
+        return self.logs / f"ray-state.r{restart}.json"
+
+    # ------------------------------------------------------------------ reading a run
+    def read_phases(self) -> list:
+        try:
+            return [json.loads(line) for line in self.phases.read_text().splitlines() if line.strip()]
+        except (OSError, ValueError):
+            return []
+
+    def last_phase(self) -> Optional[dict]:
+        phases = self.read_phases()
+        return phases[-1] if phases else None
+
+    def stop_reason(self) -> Optional[str]:
+        """Why the latest run of the job stopped early, in one line; None if it did not say."""
+        phases = self.read_phases()
+        restart = phases[-1].get("restart", 0) if phases else 0
+        why = [p for p in phases if p["phase"] in self.STOP_PHASES and p.get("restart", 0) == restart]
+        if not why:
+            return None
+        p = why[-1]
+        return f"{p['phase']}: {p['detail']}" if p.get("detail") else p["phase"]
+
+    def progress(self, restart: int = 0) -> Optional[str]:
+        """The watchdog's one-line summary of the driver's Ray work (actors, training step)."""
+        try:
+            return json.loads(self.ray_state(restart).read_text()).get("summary")
+        except (OSError, ValueError):
+            return None
 
 
 def _write_private(path: Path, text: str) -> None:

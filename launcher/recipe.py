@@ -22,6 +22,7 @@ from .errors import RecipeError
 from .resources import shipped_recipes_dir
 
 TRACE_BACKENDS = ("weave", "mlflow", "trackio", "none")  # verl silently ignores any other
+GPU_VENDORS = ("nvidia", "amd", "none")
 
 
 # ----------------------------------------------------------------------------- schema
@@ -53,6 +54,12 @@ class Cluster:
     requeue: bool = False
     signal_seconds: int = 300
     max_restarts: int = 3
+    # The nodes' GPU vendor: Slurm's gres/gpu may set every vendor's visibility variable in a
+    # step; the job clears the others' before Ray starts (verl refuses ROCR_ beside CUDA_).
+    gpu_vendor: str = "nvidia"  # nvidia | amd | none (leave them as Slurm sets them)
+    # While the driver runs, Ray work (actors, placement groups) that waits this long for
+    # resources the cluster never frees fails the job, naming the shortfall (0: no watchdog).
+    pending_timeout: int = 600
 
 
 @dataclass
@@ -101,6 +108,15 @@ class Container:
 
 
 @dataclass
+class NodeChecks:
+    """Checks on every allocated node before Ray starts (phase inputs-check); each can be off."""
+    inputs: bool = True  # local data files and model paths in verl's settings are readable
+    shared_storage: bool = True  # run and checkpoint dirs: writable, the same storage on every node
+    gpus: bool = True  # every node sees cluster.gpus_per_node GPUs
+    min_free_gb: float = 10  # free disk where checkpoints go (0: no check)
+
+
+@dataclass
 class Paths:
     runs: str = "~/verl-launch/runs"  # shared storage on a real cluster
 
@@ -116,6 +132,7 @@ class Recipe:
     trace: Trace = field(default_factory=Trace)
     verl: Verl = field(default_factory=Verl)
     container: Container = field(default_factory=Container)
+    node_checks: NodeChecks = field(default_factory=NodeChecks)
     paths: Paths = field(default_factory=Paths)
 
     # Not part of the YAML: where it came from, for messages and the run record.
@@ -131,6 +148,7 @@ class Recipe:
 class Loaded:
     recipe: Recipe
     config: DictConfig  # the composed, validated config
+    blame: Any = None  # dotted key -> where it was set (the recipe file or the command line)
 
 
 _VERL_PREFIX = "verl.overrides."
@@ -198,7 +216,7 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     from .checks import check
 
     check(recipe, blame)
-    return Loaded(recipe=recipe, config=merged)
+    return Loaded(recipe=recipe, config=merged, blame=blame)
 
 
 def _refuse_retyped(plain: dict, blame) -> None:
@@ -365,6 +383,12 @@ def validate(r: Recipe, blame) -> None:
         bad("cluster.signal_seconds", f"must be 1-65535 seconds (sbatch --signal), got {c.signal_seconds}")
     if c.max_restarts < 0:
         bad("cluster.max_restarts", f"must be 0 or more, got {c.max_restarts}")
+    if c.gpu_vendor not in GPU_VENDORS:
+        bad("cluster.gpu_vendor", f"{c.gpu_vendor!r} is not one of {', '.join(GPU_VENDORS)}")
+    if c.pending_timeout < 0:
+        bad("cluster.pending_timeout", f"must be 0 (no watchdog) or more seconds, got {c.pending_timeout}")
+    if r.node_checks.min_free_gb < 0:
+        bad("node_checks.min_free_gb", f"must be 0 (no check) or more, got {r.node_checks.min_free_gb}")
     if c.time is not None and not _TIME.fullmatch(c.time):
         bad("cluster.time", f"{c.time!r} is not a Slurm time (minutes, HH:MM:SS or D-HH:MM:SS)")
     if c.mem is not None and not _MEM.fullmatch(c.mem):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from functools import lru_cache
@@ -10,7 +11,7 @@ from typing import List, Tuple
 
 import jinja2
 
-from . import __version__
+from . import __version__, node_checks
 from .overrides import verl_args
 from .paths import RunPaths
 from .recipe import Recipe
@@ -96,9 +97,20 @@ def wandb_env(r: Recipe) -> List[Tuple[str, str]]:
     return env
 
 
+def job_env(r: Recipe) -> List[Tuple[str, str]]:
+    """The recipe's env, and what the launcher adds unless the recipe sets it: with
+    cluster.network_interface, NCCL's and gloo's sockets on that interface too (verl#726)."""
+    env = dict(r.env)
+    if r.cluster.network_interface:
+        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+            env.setdefault(name, r.cluster.network_interface)
+    return sorted(env.items())
+
+
 def render(r: Recipe) -> str:
     """The complete sbatch script for ``r``."""
     env = _env()
+    check = node_checks.spec(r)
     ctx = dict(
         version=__version__,
         recipe_file=re.sub(r"[\x00-\x1f\x7f]", "?", r.source),  # it sits in a comment line
@@ -107,7 +119,7 @@ def render(r: Recipe) -> str:
         setup=r.runtime.setup,
         python=r.runtime.python,
         entrypoint=r.verl.entrypoint,
-        env=sorted(r.env.items()),
+        env=job_env(r),
         wandb_needed=r.wandb.enabled or r.trace.backend == "weave",
         api_key_file=r.wandb.api_key_file,
         wandb_host=wandb_host(r),
@@ -132,6 +144,15 @@ def render(r: Recipe) -> str:
         on_unreachable=r.trace.on_unreachable,
         reach_weave="weave" if r.trace.backend == "weave" else "-",
         reach_wandb_py=_embedded("reach_wandb.py"),
+        gpu_vendor=r.cluster.gpu_vendor,
+        gpu_clear=node_checks.VENDORS[r.cluster.gpu_vendor]["clear"],
+        node_check=check if node_checks.needed(check) else None,
+        node_check_spec=json.dumps(check, separators=(",", ":")),
+        check_node_py=_embedded("check_node.py"),
+        keep_checkpoints=node_checks.keep_checkpoints(r) if node_checks.checkpoint_dir(r) else 0,
+        node_check_ckpt=node_checks.checkpoint_dir(r) or "",
+        pending_timeout=r.cluster.pending_timeout,
+        watch_ray_py=_embedded("watch_ray.py"),
     )
     return env.get_template(TEMPLATE).render(ctx)
 

@@ -7,7 +7,6 @@ the exact command and whose script is the exact text that would be submitted.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import secrets as _random
 import shlex
@@ -141,14 +140,6 @@ def _fields(line: str) -> dict:
     return info
 
 
-def last_phase(paths: RunPaths) -> Optional[dict]:
-    try:
-        lines = paths.phases.read_text().strip().splitlines()
-        return json.loads(lines[-1]) if lines else None
-    except (OSError, ValueError):
-        return None
-
-
 def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: Optional[float] = None) -> dict:
     """Poll one job (one scontrol call per ``poll`` seconds) until it ends; call
     ``on_change(state_text)`` whenever the Slurm state or the job's phase changes."""
@@ -169,9 +160,12 @@ def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: O
             text += f" [restart {info['Restarts']}]"
         if state == "PENDING" and info.get("Reason") not in (None, "None"):
             text += f" ({info['Reason']})"
-        phase = last_phase(paths)
+        phase = paths.last_phase()
         if state == "RUNNING" and phase:
             text += f": {phase['phase']}" + (f" ({phase['detail']})" if phase.get("detail") else "")
+            if phase["phase"] == "driver-start":  # what the driver's Ray work is doing
+                progress = paths.progress(phase.get("restart", 0))
+                text += f" - {progress}" if progress else ""
         if text != last:
             on_change(text)
             last = text

@@ -66,7 +66,8 @@ def test_container_steps_run_in_the_image_and_the_nodes_step_on_the_host():
     commands = [c for c in script.replace("\\\n", " ").splitlines() if "srun --overlap" in c]
     in_image = [c for c in commands if '"${CONTAINER[@]}"' in c]
     on_host = [c for c in commands if c not in in_image]
-    assert len(in_image) == 6, commands  # teardown, reach check, head, workers, readiness, driver
+    # teardown, allocation check, reach check, head, workers, readiness, driver, watchdog
+    assert len(in_image) == 8, commands
     assert len(on_host) == 1 and "node_ip" in on_host[0]  # the address probe needs the host's `ip`
     plain = render(load(RECIPES / "gsm8k-grpo.yaml").recipe)
     assert "CONTAINER=()" in plain and "--container" not in plain
@@ -86,7 +87,7 @@ def test_rendered_script_passes_bash_n_and_shellcheck(recipe, tmp_path):
 
 def test_every_template_value_goes_through_the_quoting_filter():
     # Code inserted as code, by design: the recipe's trusted setup lines and the readiness poller.
-    code = {"line", "wait_ready_py", "reach_wandb_py"}
+    code = {"line", "wait_ready_py", "reach_wandb_py", "check_node_py", "watch_ray_py"}
     exprs = re.findall(r"{{(.*?)}}", TEMPLATE.read_text())
     assert exprs
     for e in exprs:

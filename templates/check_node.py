@@ -1,0 +1,112 @@
+# The allocation check (phase inputs-check): what this node needs for the run, before Ray.
+# Rendered verbatim into the job script; runs on every node in one srun step, stdlib only.
+# argv: SPEC_JSON RUN_DIR TOKEN_NAME TOKEN, where SPEC is
+#   {"inputs": [[key, path], ...], "checkpoints": dir or null, "gpus": n or null,
+#    "gpu_var": "CUDA_VISIBLE_DEVICES", "gpu_tool": "nvidia-smi" or null, "min_free_gb": x}
+# The batch shell wrote TOKEN into TOKEN_NAME in the run dir and the checkpoint dir on the head
+# node: a node that cannot read it there is not on the same storage. Prints one line per
+# problem ("node: field: path: what") and exits 1 if there is any.
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+spec, run_dir, token_name, token = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+problems = []
+
+
+def problem(field, path, what):
+    problems.append(f"{node}: {field}: {path}: {what}")
+
+
+def readable(field, path):
+    p = os.path.expanduser(path)
+    try:
+        if os.path.isdir(p):
+            os.listdir(p)
+        else:
+            with open(p, "rb") as f:
+                f.read(1)
+    except FileNotFoundError:
+        problem(field, path, "not found on this node")
+    except OSError as e:
+        problem(field, path, f"not readable ({e.strerror})")
+
+
+def shared(field, path):
+    """Writable here, and the storage the head node wrote its token to."""
+    try:
+        with open(os.path.join(path, token_name)) as f:
+            seen = f.read().strip()
+    except OSError:
+        seen = None
+    if seen != token:
+        problem(field, path, "not the storage the head node writes to (its check file is not there): "
+                             "node-local? every node must see the same directory")
+        return
+    try:
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".verl-launch-write-"):
+            pass
+    except OSError as e:
+        problem(field, path, f"not writable ({e.strerror})")
+
+
+def gpus():
+    """(what Slurm gave this step: the vendor's variable, or None; what the vendor's tool lists
+    here, or None). A GPU that fell off the bus is still in the first, not in the second."""
+    ids = os.environ.get(spec["gpu_var"] or "")
+    given = None if ids is None else len([x for x in ids.split(",") if x.strip()])
+    listed = None
+    tool = spec.get("gpu_tool") and shutil.which(spec["gpu_tool"])
+    if tool:
+        try:
+            out = subprocess.run([tool, "-L"], capture_output=True, text=True, timeout=20).stdout
+            listed = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return given, listed
+
+
+def check_gpus(want):
+    given, listed = gpus()
+    field, var, tool = "cluster.gpus_per_node", spec["gpu_var"], spec.get("gpu_tool") or "a GPU tool"
+    if given is not None and given != want:
+        problem(field, var, f"Slurm gave this step {given} GPU(s), expected {want}")
+    elif given is not None and listed is not None and listed < given:
+        problem(field, var, f"{listed} GPU(s) usable here ({tool} lists {listed}), Slurm gave {given}")
+    elif given is None and listed is not None and listed < want:  # no gres: Ray uses the first N
+        problem(field, tool, f"{listed} GPU(s) here, expected {want}")
+    elif given is None and listed is None:
+        problem(field, var, f"cannot count this node's GPUs: no {var} from Slurm, no {tool}")
+
+
+for field, path in spec["inputs"]:
+    readable(field, path)
+ckpt = spec.get("checkpoints")
+if spec.get("shared"):
+    shared("paths.runs", run_dir)
+    if ckpt:
+        shared("trainer.default_local_dir", ckpt)
+if spec.get("min_free_gb") and (os.path.isdir(ckpt or run_dir) or not spec.get("shared")):
+    # (a directory missing here is the shared-storage check's to report; with that off, the
+    # disk it would be made on)
+    where = ckpt or run_dir
+    while not os.path.isdir(where) and os.path.dirname(where) != where:
+        where = os.path.dirname(where)
+    try:
+        free = shutil.disk_usage(where).free / 1e9
+        if free < spec["min_free_gb"]:
+            want = f"{spec['min_free_gb']:f}".rstrip("0").rstrip(".")
+            problem("node_checks.min_free_gb", where, f"{free:.1f} GB free, below {want} GB")
+    except OSError as e:
+        problem("node_checks.min_free_gb", where, f"cannot read its free space ({e.strerror})")
+if spec.get("gpus"):
+    check_gpus(spec["gpus"])
+
+for line in problems:
+    print(line, flush=True)
+sys.exit(1 if problems else 0)

@@ -1,0 +1,203 @@
+# Beside the driver, on the head node: what the run's Ray work is doing, read from this job's
+# own GCS (no dashboard, and no driver job of its own). Rendered verbatim into the job script.
+# - STATE_FILE (JSON): nodes, actors and placement groups, rewritten when they change;
+# - a line on stdout when the one-line summary changes (`submit --wait` shows it too);
+# - exit 4, with the reason in REASON_FILE, when Ray work waits for resources the cluster cannot
+#   give: at once if no node could ever hold it, else after PENDING_TIMEOUT seconds of waiting
+#   (verl waits forever, silently, for a placement group or actor that does not fit).
+# Exits 0 if this Ray has no such API: the job then runs on without the watchdog.
+# argv: GCS_ADDRESS STATE_FILE REASON_FILE NODES_FILE DRIVER_LOG PENDING_TIMEOUT [POLL_S]
+import json
+import os
+import re
+import sys
+import time
+from collections import Counter
+
+gcs, state_file, reason_file, nodes_file, driver_log = sys.argv[1:6]
+pending_timeout = float(sys.argv[6])
+poll = float(sys.argv[7]) if len(sys.argv) > 7 else 2.0
+hosts = {}
+with open(nodes_file) as f:
+    for line in f:
+        if len(line.split()) >= 2:
+            host, ip = line.split()[:2]
+            hosts[ip] = host
+
+try:  # Ray's own GCS client and protos: what `ray status` reads, without a driver
+    from ray._raylet import GcsClient, GcsClientOptions, GlobalStateAccessor
+    from ray.core.generated import common_pb2, gcs_pb2
+
+    A, PG, PGS = gcs_pb2.ActorTableData, gcs_pb2.PlacementGroupTableData, gcs_pb2.PlacementGroupStats
+    client = GcsClient(address=gcs)
+    accessor = GlobalStateAccessor(GcsClientOptions.create(gcs, None, allow_cluster_id_nil=True,
+                                                           fetch_cluster_id_if_nil=False))
+    if not accessor.connect():
+        raise RuntimeError(f"cannot connect to {gcs}")
+except Exception as e:  # noqa: BLE001  (another Ray: run without the watchdog, and say so)
+    print(f"[verl-launch] the Ray watchdog is off: {type(e).__name__}: {e}", flush=True)
+    sys.exit(0)
+
+
+def say(msg):
+    print(f"[verl-launch {time.strftime('%F %T')}] {msg}", flush=True)
+
+
+def res(d):
+    return {k: round(v, 3) for k, v in sorted(d.items()) if not k.startswith(("node:", "bundle_group"))
+            and "_group_" not in k and k != "memory" and k != "object_store_memory"}
+
+
+def fmt(d):
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in d.items()) + "}"
+
+
+def snapshot():
+    nodes = {}
+    usage = client.get_all_resource_usage(timeout=10).resource_usage_data
+    # Lease requests the raylets queue for want of resources, by shape: what waits, not what starts.
+    queued = [res(d.shape) for d in usage.resource_load_by_shape.resource_demands
+              if d.num_ready_requests_queued or d.num_infeasible_requests_queued]
+    for nid, n in client.get_all_node_info(timeout=10).items():
+        if n.state == gcs_pb2.GcsNodeInfo.ALIVE:
+            ip = n.node_manager_address
+            nodes[nid.hex()] = {"ip": ip, "host": hosts.get(ip, ip), "total": res(n.resources_total), "free": {}}
+    for r in usage.batch:
+        if r.node_id.hex() in nodes:  # a resource with nothing free is left out: 0
+            n = nodes[r.node_id.hex()]
+            n["free"] = {k: res(r.resources_available).get(k, 0) for k in n["total"]}
+    actors = []
+    for raw in accessor.get_actor_table(None, None):
+        a = A.FromString(raw)
+        node = nodes.get(a.node_id.hex(), {})
+        death = None
+        if a.HasField("death_cause"):
+            ctx = getattr(a.death_cause, a.death_cause.WhichOneof("context") or "", None)
+            text = getattr(ctx, "error_message", "") or getattr(ctx, "formatted_exception_string", "")
+            death = " ".join(str(text).split())[:300] or a.death_cause.WhichOneof("context")
+        actors.append({"id": a.actor_id.hex(), "class": a.class_name.rsplit(".", 1)[-1],  # not f.<locals>.Cls
+                       "state": A.ActorState.Name(a.state),
+                       "host": node.get("host"), "pid": a.pid, "needs": res(a.required_resources),
+                       "in_pg": bool(a.placement_group_id.strip(b"\0")), "death": death})
+    pgs = []
+    for raw in accessor.get_placement_group_table():
+        p = PG.FromString(raw)
+        pgs.append({"id": p.placement_group_id.hex(), "name": p.name, "state": PG.PlacementGroupState.Name(p.state),
+                    "scheduling": PGS.SchedulingState.Name(p.stats.scheduling_state),
+                    "strategy": common_pb2.PlacementStrategy.Name(p.strategy),
+                    "bundles": [res(b.unit_resources) for b in p.bundles],
+                    "hosts": [nodes.get(b.node_id.hex(), {}).get("host") for b in p.bundles]})
+    return list(nodes.values()), actors, pgs, queued
+
+
+def training_step():
+    """The last `step:N` verl's console logger printed, from the driver log's tail."""
+    try:
+        with open(driver_log, "rb") as f:
+            f.seek(max(0, os.path.getsize(driver_log) - 65536))
+            found = re.findall(rb"\bstep:(\d+)\b", f.read())
+        return int(found[-1]) if found else None
+    except OSError:
+        return None
+
+
+def summary(actors, pgs, step):
+    alive = Counter(a["class"] for a in actors if a["state"] == "ALIVE")
+    where = {c: sorted({a["host"] for a in actors if a["class"] == c and a["state"] == "ALIVE"}) for c in alive}
+    waiting = sum(a["state"] in ("PENDING_CREATION", "RESTARTING") for a in actors)
+    text = f"ray: {sum(alive.values())} actors alive"
+    if alive:
+        text += " (" + "; ".join(f"{c} x{n} on {','.join(where[c])}" for c, n in alive.most_common()) + ")"
+    text += f", {waiting} starting" if waiting else ""
+    pending = sum(p["state"] in ("PENDING", "RESCHEDULING") for p in pgs)
+    if pgs:
+        text += f"; placement groups {len(pgs) - pending} placed, {pending} waiting"
+    return text + (f"; training step {step}" if step is not None else "")
+
+
+def fits(need, node, key="total"):
+    return all(node[key].get(k, 0) >= v for k, v in need.items())
+
+
+def short_of(need, nodes):
+    """The resources no node has enough of (free now), and the recipe field that gives them."""
+    best = {k: max((n["free"].get(k, 0) for n in nodes), default=0) for k in need}
+    short = [k for k, v in need.items() if best[k] < v]
+    fields = {"CPU": "cluster.cpus_per_task", "GPU": "cluster.gpus_per_node (or cluster.nodes)"}
+    return short, [fields.get(k, f"the Ray resource {k}") for k in short]
+
+
+def verdict(what, need, nodes, actors, waited, never):
+    short, fields = short_of(need, nodes)
+    held = Counter((a["class"], a["host"]) for a in actors if a["state"] == "ALIVE" and not a["in_pg"]
+                   and a["needs"].get("CPU"))
+    free = "; ".join(f"{n['host']} " + ", ".join(f"{k} {n['free'].get(k, 0):g}/{n['total'].get(k, 0):g}"
+                                                 for k in sorted(need)) for n in nodes)
+    why = "no node has that much in all" if never else \
+        f"waiting {waited:.0f} s with nothing else starting (cluster.pending_timeout)"
+    text = (f"{what} needs {fmt(need)} on one node and cannot be placed ({why}); free now: {free}")
+    if held:
+        text += "; held by actors: " + ", ".join(f"{c} x{n} on {h}" for (c, h), n in sorted(held.items()))
+    if fields:
+        text += f"; raise {' and '.join(fields)}"
+    return text
+
+
+# Waiting is judged only while nothing moves: an actor that becomes alive, or a placement
+# group placed, restarts the clock (Ray starts a node's actors one by one on a busy machine).
+never_polls = Counter()
+moved_at = time.monotonic()
+last_moves = None
+last_summary = last_state = None
+while True:
+    try:
+        nodes, actors, pgs, queued = snapshot()
+    except Exception as e:  # noqa: BLE001  (a busy GCS times out now and then: try again)
+        say(f"ray watchdog: GCS did not answer ({type(e).__name__})")
+        time.sleep(poll)
+        continue
+    now = time.monotonic()
+    step = training_step()
+    text = summary(actors, pgs, step)
+    state = {"summary": text, "step": step, "nodes": nodes, "actors": actors, "placement_groups": pgs}
+    if state != last_state:
+        tmp = state_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(dict(state, time=time.time()), f, indent=1)
+        os.replace(tmp, state_file)
+        last_state = state
+    if text != last_summary:
+        say(text)
+        last_summary = text
+    moves = (sorted((a["id"], a["state"]) for a in actors), sorted((p["id"], p["state"]) for p in pgs), step)
+    if moves != last_moves:
+        moved_at, last_moves = now, moves
+    waiting = []  # (id, what, what it needs on one node, can it never fit)
+    for p in pgs:
+        if p["state"] in ("PENDING", "RESCHEDULING"):
+            # STRICT_PACK: all bundles on one node; otherwise the largest bundle must fit somewhere.
+            if p["strategy"] == "STRICT_PACK":
+                need = dict(sum((Counter(b) for b in p["bundles"]), Counter()))
+            else:
+                need = {k: max(b.get(k, 0) for b in p["bundles"]) for k in set().union(*p["bundles"])}
+            never = p["scheduling"] == "INFEASIBLE" or not any(fits(need, n) for n in nodes)
+            waiting.append((p["id"], f"placement group {p['name'] or p['id'][:8]} ({len(p['bundles'])} bundle(s) "
+                                     f"{fmt(p['bundles'][0]) if p['bundles'] else '{}'}, {p['strategy']})", need, never))
+    for a in actors:  # waiting for resources (a queued lease of its shape), not starting up; an
+        if a["state"] == "PENDING_CREATION" and not a["in_pg"]:  # actor in a group waits on the group
+            need = a["needs"] or {"CPU": 1}  # an actor without resources is placed like {CPU: 1}
+            never = not any(fits(need, n) for n in nodes)
+            if never or need in queued:
+                waiting.append((a["id"], f"actor {a['class']}", need, never))
+    ids = {w[0] for w in waiting}
+    never_polls = Counter({k: n for k, n in never_polls.items() if k in ids})
+    for wid, what, need, never in waiting:
+        never_polls[wid] = never_polls[wid] + 1 if never else 0
+        waited = now - moved_at
+        if never_polls[wid] >= 2 or (pending_timeout and waited >= pending_timeout):
+            reason = verdict(what, need, nodes, actors, waited, never_polls[wid] >= 2)
+            with open(reason_file, "w") as f:
+                f.write(reason + "\n")
+            say(f"ERROR: {reason}")
+            sys.exit(4)
+    time.sleep(poll)
