@@ -44,6 +44,16 @@ def clean_env(wandb_key, tmp_path):
 
 
 @pytest.fixture(scope="session")
+def smoke_assets(tmp_path_factory) -> Path:
+    """The smoke run's assets (tiny Qwen2, tokenizer, arithmetic parquet), built once."""
+    out = tmp_path_factory.mktemp("smoke")
+    proc = subprocess.run([sys.executable, "-m", "launcher.smoke_assets", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="session")
 def sandbox():
     """The local Slurm sandbox (4 nodes x 8 fake GPUs); started if needed, left up for reuse."""
     if os.geteuid() != 0:

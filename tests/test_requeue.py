@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -64,8 +65,23 @@ def _assert_resumed(run_dir: str) -> dict:
     return second
 
 
+def _verl_checkpoints(ckpt: Path, *steps: int, latest: int) -> dict:
+    """Checkpoints written by verl's own FSDP checkpoint manager; the tracker at LATEST (a
+    newer step is one whose save was cut short before verl updated the tracker)."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("fsdp_checkpoints.py")), str(ckpt),
+                           *map(str, steps)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (ckpt / "latest_checkpointed_iteration.txt").write_text(str(latest))
+    return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
+
+
 def test_scontrol_requeue_restarts_and_resumes(cli, sandbox, clean_env, tmp_path):
-    info = _submit(cli, sandbox, clean_env, tmp_path)
+    # verl's limit on kept checkpoints, applied at the restart to those from before it (verl
+    # forgets them, verl#7395): step 1 goes; 2 and 3 (the one verl resumes from) stay, and so
+    # does 4, saved after the tracker was last written.
+    ckpt = tmp_path / "runs" / "checkpoints" / "sandbox-demo"
+    files = _verl_checkpoints(ckpt, 1, 2, 3, 4, latest=3)
+    info = _submit(cli, sandbox, clean_env, tmp_path, "verl.overrides.trainer.max_actor_ckpt_to_keep=2")
     job, run_dir = info["job_id"], info["run_dir"]
     try:
         _wait_phase(sandbox, job, run_dir, "driver-start", 0)
@@ -83,6 +99,16 @@ def test_scontrol_requeue_restarts_and_resumes(cli, sandbox, clean_env, tmp_path
         assert not any(p["phase"] == "requeue" for p in _phases(run_dir))
         out = Path(run_dir, f"slurm-{job}.out").read_text()  # --open-mode=append keeps run 0's output
         assert out.count("phase start") == 2
+        assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_2", "global_step_3",
+                                                                        "global_step_4"]
+        for step in (2, 3, 4):  # untouched
+            d = ckpt / f"global_step_{step}"
+            assert sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()) == files[step]
+        prune = [p for p in _phases(run_dir) if p["phase"] == "prune"]
+        assert [(p["restart"], p["detail"]) for p in prune] == [
+            (1, "removed global_step_1; kept the newest 2 up to global_step_3")]
+        names = [(p["phase"], p["restart"]) for p in _phases(run_dir)]
+        assert names.index(("prune", 1)) < names.index(("driver-start", 1))  # before verl resumes
     finally:
         sandbox.run("scancel", job)
         sandbox.wait(job)

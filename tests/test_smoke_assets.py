@@ -6,7 +6,6 @@ possible here."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -15,12 +14,8 @@ from conftest import RECIPES
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
-    proc = subprocess.run([sys.executable, "-m", "launcher.smoke_assets", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, json.loads((out / "smoke-assets.json").read_text())
+def assets(smoke_assets):
+    return smoke_assets, json.loads((smoke_assets / "smoke-assets.json").read_text())
 
 
 def test_verl_loads_the_tokenizer_and_dataset(assets):

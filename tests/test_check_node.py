@@ -1,0 +1,76 @@
+"""templates/check_node.py (the allocation check each node runs), on this machine, for the cases
+the sandbox cannot make: GPUs counted with and without Slurm's variable, and the vendor's tool.
+The sandbox tests (test_node_checks.py) run it for real on every node."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+SCRIPT = ROOT / "templates" / "check_node.py"
+
+
+def check(tmp_path, spec: dict, env: dict, lists: int = None) -> list:
+    """Run it as the job does; `lists` GPUs from a stand-in nvidia-smi (None: none on PATH)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / "nvidia-smi"
+    tool.unlink(missing_ok=True)
+    if lists is not None:
+        tool.write_text("#!/bin/sh\n" + "".join(f'echo "GPU {i}: NVIDIA H100 (UUID: GPU-{i})"\n' for i in range(lists)))
+        tool.chmod(0o755)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    (run_dir / ".token").write_text("t-1\n")
+    full = {"inputs": [], "shared": True, "checkpoints": None, "min_free_gb": 0, "gpus": None,
+            "gpu_var": "CUDA_VISIBLE_DEVICES", "gpu_tool": "nvidia-smi", **spec}
+    base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), json.dumps(full), str(run_dir), ".token", "t-1"],
+                          env={**base, "PATH": f"{bin_dir}:/usr/bin:/bin", "SLURMD_NODENAME": "nodeX", **env},
+                          capture_output=True, text=True, timeout=60)
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == (1 if lines else 0), proc.stderr
+    return lines
+
+
+@pytest.mark.parametrize("env, lists, expect", [
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, 8, None),  # gres gave 2 of the node's 8
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, None, None),  # no tool: Slurm's word
+    ({"CUDA_VISIBLE_DEVICES": "0"}, 8, "Slurm gave this step 1 GPU(s), expected 2"),
+    ({"CUDA_VISIBLE_DEVICES": "0,1"}, 1, "1 GPU(s) usable here (nvidia-smi lists 1), Slurm gave 2"),
+    ({}, 8, None),  # no gres: Ray takes 2 of the 8
+    ({}, 1, "nvidia-smi: 1 GPU(s) here, expected 2"),
+    ({}, None, "cannot count this node's GPUs: no CUDA_VISIBLE_DEVICES from Slurm, no nvidia-smi"),
+])
+def test_gpu_count(tmp_path, env, lists, expect):
+    got = check(tmp_path, {"gpus": 2}, env, lists)
+    assert got == ([] if expect is None else [f"nodeX: cluster.gpus_per_node: {'' if 'nvidia-smi:' in expect else 'CUDA_VISIBLE_DEVICES: '}{expect}"]), got
+
+
+def test_inputs_shared_storage_and_free_disk(tmp_path):
+    data = tmp_path / "train.parquet"
+    data.write_text("x")
+    unreadable = tmp_path / "secret.parquet"
+    unreadable.write_text("x")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()  # no token there: another storage than the head's
+    spec = {"inputs": [["data.train_files", str(data)], ["data.val_files", str(tmp_path / "nope.parquet")],
+                       ["actor_rollout_ref.model.path", str(tmp_path)]],
+            "checkpoints": str(ckpt), "min_free_gb": 10 ** 9}
+    got = check(tmp_path, spec, {})
+    assert got[0] == f"nodeX: data.val_files: {tmp_path / 'nope.parquet'}: not found on this node"
+    assert got[1].startswith(f"nodeX: trainer.default_local_dir: {ckpt}: not the storage the head node writes to")
+    assert got[2].startswith(f"nodeX: node_checks.min_free_gb: {ckpt}: ") and "GB free, below 1000000000 GB" in got[2]
+    assert len(got) == 3  # the run dir has the head's token; the data file and model dir are readable
+    (ckpt / ".token").write_text("t-1\n")
+    assert check(tmp_path, dict(spec, min_free_gb=0), {}) == got[:1]
+    if os.geteuid() != 0:  # root reads anything
+        unreadable.chmod(0)
+        assert check(tmp_path, {"inputs": [["data.train_files", str(unreadable)]]}, {}) == [
+            f"nodeX: data.train_files: {unreadable}: not readable (Permission denied)"]

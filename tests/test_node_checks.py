@@ -1,0 +1,82 @@
+"""The allocation check on the real sandbox (phase inputs-check): before Ray starts, every node
+checks the inputs it must read, that the run and checkpoint dirs are the same storage as the
+head node's, its GPUs and its free disk; a failure names the node, the field and the path, in
+seconds, and nothing else starts. Each sandbox node has a node-local tmpfs at
+$SANDBOX_DIR/local that the other nodes cannot see, as /scratch on a cluster."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, submit_json
+
+pytestmark = pytest.mark.sandbox
+
+NODE_LOCAL = Path("/tmp/verl-launch-sandbox/local")  # tests/cluster/sandbox-up.sh
+
+
+def _run(cli, sandbox, clean_env, tmp_path, *overrides) -> dict:
+    env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
+    info = submit_json(cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
+                           f"paths.runs={tmp_path / 'runs'}", *overrides, "--json", env=env))
+    info["state"] = sandbox.wait(info["job_id"], timeout=180)
+    info["phases"] = [json.loads(x) for x in Path(info["run_dir"], "phases.jsonl").read_text().splitlines()]
+    info["out"] = Path(info["stdout"]).read_text()
+    info["status"] = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
+    return info
+
+
+def _refused(info) -> str:
+    """The job failed in the allocation check, before any Ray; returns what it said."""
+    assert info["state"] == "FAILED", info["out"][-3000:]
+    names = [p["phase"] for p in info["phases"]]
+    assert names == ["start", "nodes", "inputs-check", "error", "teardown"], names
+    why = info["phases"][3]["detail"]
+    assert why.startswith("allocation check: ") and "node_checks" in why
+    assert info["status"]["stopped"] == f"error: {why}"
+    return why
+
+
+def test_data_staged_on_the_head_node_only_is_caught_on_the_other(cli, sandbox, clean_env, tmp_path):
+    name = f"train-{secrets.token_hex(4)}.parquet"
+    made = sandbox.run("srun", "-w", "node1", "-N1", "bash", "-c", f"echo data > {NODE_LOCAL}/{name}")
+    assert made.returncode == 0, made.stderr
+    why = _refused(_run(cli, sandbox, clean_env, tmp_path, f"verl.overrides.data.train_files={NODE_LOCAL}/{name}",
+                        "verl.overrides.data.val_files=/no/such/dir/test.parquet"))
+    assert f"node2: data.train_files: {NODE_LOCAL}/{name}: not found on this node" in why
+    assert "node1: data.val_files: /no/such/dir/test.parquet: not found on this node" in why
+    assert "node1: data.train_files" not in why  # the head node has it
+
+
+def test_a_node_local_checkpoint_dir_is_caught_and_the_check_can_be_turned_off(cli, sandbox, clean_env, tmp_path):
+    ckpt = NODE_LOCAL / f"ckpt-{secrets.token_hex(4)}"
+    why = _refused(_run(cli, sandbox, clean_env, tmp_path, f"verl.overrides.trainer.default_local_dir={ckpt}"))
+    assert why.startswith(f"allocation check: node2: trainer.default_local_dir: {ckpt}: not the storage the head "
+                          "node writes to"), why
+    assert "node1:" not in why
+    off = _run(cli, sandbox, clean_env, tmp_path, f"verl.overrides.trainer.default_local_dir={ckpt}",
+               "node_checks.shared_storage=false")
+    assert off["state"] == "COMPLETED", off["out"][-2000:]
+    assert "inputs-check" in [p["phase"] for p in off["phases"]]  # the other checks still ran
+
+
+def test_a_node_with_a_gpu_gone_is_caught(cli, sandbox, clean_env, tmp_path):
+    """node2's nvidia-smi lists one GPU where Slurm gave two (one fell off the bus)."""
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text('#!/bin/sh\n[ "$1" = -L ] && echo "GPU 0: NVIDIA H100 (UUID: GPU-fake-0)"\n')
+    (fake / "nvidia-smi").chmod(0o755)
+    why = _refused(_run(cli, sandbox, clean_env, tmp_path,
+                        f"runtime.setup=['[[ $(hostname) != node2 ]] || export PATH={fake}:$PATH']"))
+    assert why.startswith("allocation check: node2: cluster.gpus_per_node: CUDA_VISIBLE_DEVICES: "
+                          "1 GPU(s) usable here (nvidia-smi lists 1), Slurm gave 2"), why
+
+
+def test_too_little_free_disk_is_caught(cli, sandbox, clean_env, tmp_path):
+    why = _refused(_run(cli, sandbox, clean_env, tmp_path, "node_checks.min_free_gb=1000000"))
+    assert "node1: node_checks.min_free_gb: " in why and "GB free, below 1000000 GB" in why
