@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install system-deps test demo sandbox-up sandbox-down lint bench bench-bringup clean
+.PHONY: install system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-bringup bench-inputs-check clean
 
 install: $(VENV)/.installed
 
@@ -44,6 +44,15 @@ demo: system-deps install
 	export WANDB_API_KEY="$${WANDB_API_KEY:-sandbox-$$($(PY) -c 'import secrets; print(secrets.token_hex(24))')}" && \
 	$(VENV)/bin/verl-launch submit recipes/sandbox-demo.yaml runtime.python=$(abspath $(PY)) --wait
 
+# verl's own trainer on the sandbox, with a test-only CPU platform: it stops, by design, at
+# verl's rollout engine (vLLM needs a GPU). See README, "verl's own trainer on the sandbox".
+SMOKE ?= /tmp/verl-launch-smoke
+demo-verl: system-deps install
+	@test -f $(SMOKE)/smoke-assets.json || $(PY) -m launcher.smoke_assets --out $(SMOKE) >/dev/null
+	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && \
+	VERL_SMOKE_DIR=$(SMOKE) $(VENV)/bin/verl-launch submit recipes/sandbox-verl.yaml runtime.python=$(abspath $(PY)) --wait; \
+	echo "(verl stops at its rollout engine here, by design: vLLM needs a GPU)"
+
 lint: install
 	$(VENV)/bin/verl-launch render recipes/sandbox-demo.yaml runtime.python=python3 | shellcheck -
 	bash -n $(SANDBOX)/*.sh && shellcheck $(SANDBOX)/*.sh .ci/run
@@ -53,6 +62,9 @@ bench: install
 
 bench-bringup: install
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/bringup_bench.py
+
+bench-inputs-check: install
+	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/inputs_check_bench.py
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info
