@@ -262,12 +262,14 @@ def _run_local(req, r, args) -> int:
 def _wait(done, out) -> dict:
     import time
 
+    from .secrets import redact
+
     from .slurm import watch
 
     t0 = time.monotonic()
 
     def show(text: str) -> None:
-        print(f"  [{time.monotonic() - t0:6.1f}s] {text}", file=out, flush=True)
+        print(redact(f"  [{time.monotonic() - t0:6.1f}s] {text}"), file=out, flush=True)
 
     try:
         final = watch(done.job_id, done.paths, show)
@@ -278,8 +280,8 @@ def _wait(done, out) -> dict:
         print(f"\ndetached; job {done.job_id} keeps running (scancel {done.job_id} to stop it)", file=out)
         raise SystemExit(0)
     why = done.paths.stop_reason() if final.get("JobState") != "COMPLETED" else None
-    print(f"job {done.job_id} {final.get('JobState')} exit code {final.get('ExitCode')}"
-          + (f" - {why}" if why else "") + f"; output in {done.paths.stdout(done.job_id)}", file=out)
+    print(redact(f"job {done.job_id} {final.get('JobState')} exit code {final.get('ExitCode')}"
+                 + (f" - {why}" if why else "") + f"; output in {done.paths.stdout(done.job_id)}"), file=out)
     return final
 
 

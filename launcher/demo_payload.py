@@ -10,6 +10,7 @@ after reporting (to show a failing entrypoint), ``demo.hold=S`` sleeps S seconds
 ``demo.trace=true`` runs verl's real rollout-tracing code in a Ray actor on every node (see
 ``trace_on_every_node``); it needs verl and weave on the nodes. ``demo.stuck=N`` then waits on
 an actor that asks for N CPUs (more than a node has: work the job's watchdog must catch).
+``demo.raise_with_env=NAME`` raises an exception whose message holds that variable's value.
 """
 
 from __future__ import annotations
@@ -186,6 +187,9 @@ def main(argv: list) -> int:
     if hold:  # keep the job in its training phase, for fault tests
         print(f"holding for {hold:g} s (demo.hold)", flush=True)
         time.sleep(hold)
+    leak = overrides.get("demo.raise_with_env")
+    if leak:  # a driver whose exception carries a variable's value (the job must not repeat it)
+        raise RuntimeError(f"the demo driver failed as asked (demo.raise_with_env): {os.environ.get(leak)}")
     code = int(overrides.get("demo.exit_code", 0))
     if code:
         print(f"exiting {code} as asked (demo.exit_code)", file=sys.stderr)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .errors import SlurmError
 from .paths import RunPaths
+from .secrets import redact
 from . import registry, slurm
 
 
@@ -87,19 +88,19 @@ def cmd_status(args) -> int:
     row["links"] = wandb_links(run)
     row["stdout"] = str(RunPaths(Path(run["run_dir"])).stdout(run["job_id"]))
     if args.json:
-        print(json.dumps(row))
+        print(redact(json.dumps(row)))
         return 0
     state = row["state"] + (f" ({row['reason']})" if row["state"] == "PENDING" and row["reason"] else "")
     print(f"job        {row['job_id']} ({row['name']}, experiment {row['experiment']})")
     ended = row["state"] in slurm.TERMINAL
     print(f"state      {state}" + (f", exit code {row['exit_code']}" if ended and row["exit_code"] else ""))
     if row["phase"]:
-        print(f"phase      {row['phase']}" + (f" ({row['phase_detail']})" if row["phase_detail"] else "")
-              + (f", restart {row['restart']}" if row["restart"] else ""))
+        print(redact(f"phase      {row['phase']}" + (f" ({row['phase_detail']})" if row["phase_detail"] else "")
+                     + (f", restart {row['restart']}" if row["restart"] else "")))
     if row["progress"]:
         print(f"progress   {row['progress']}")
     if row["stopped"]:
-        print(f"stopped    {row['stopped']}")
+        print(redact(f"stopped    {row['stopped']}"))
     print(f"elapsed    {row['elapsed']}")
     print(f"run dir    {row['run_dir']}")
     print(f"output     {row['stdout']}")

@@ -56,7 +56,7 @@ def spec(r: Recipe) -> Dict[str, Any]:
         "shared": c.shared_storage,
         "checkpoints": checkpoint_dir(r),
         "min_free_gb": c.min_free_gb,
-        "gpus": r.cluster.gpus_per_node if c.gpus and vendor["var"] else None,
+        "gpus": r.cluster.gpus_per_node if c.gpus and vendor["var"] and r.cluster.gpus_per_node else None,
         "gpu_var": vendor["var"],
         "gpu_tool": vendor["tool"],
     }

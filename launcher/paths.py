@@ -88,10 +88,18 @@ class RunPaths:
 
     # ------------------------------------------------------------------ reading a run
     def read_phases(self) -> list:
+        """Every marker that parses (a line cut short, or odd bytes in a detail, lose only that line)."""
         try:
-            return [json.loads(line) for line in self.phases.read_text().splitlines() if line.strip()]
-        except (OSError, ValueError):
+            text = self.phases.read_bytes().decode("utf-8", errors="replace")
+        except OSError:
             return []
+        phases = []
+        for line in text.splitlines():
+            try:
+                phases.append(json.loads(line))
+            except ValueError:
+                continue
+        return [p for p in phases if isinstance(p, dict) and "phase" in p]
 
     def last_phase(self) -> Optional[dict]:
         phases = self.read_phases()

@@ -16,7 +16,7 @@ from .overrides import verl_args
 from .paths import RunPaths
 from .recipe import Recipe
 from .resources import templates_dir
-from .secrets import wandb_host
+from .secrets import SECRET_NAME, wandb_host
 
 TEMPLATE = "sbatch.sh.j2"
 
@@ -111,6 +111,7 @@ def render(r: Recipe) -> str:
     """The complete sbatch script for ``r``."""
     env = _env()
     check = node_checks.spec(r)
+    ckpt = node_checks.checkpoint_dir(r)
     ctx = dict(
         version=__version__,
         recipe_file=re.sub(r"[\x00-\x1f\x7f]", "?", r.source),  # it sits in a comment line
@@ -149,8 +150,9 @@ def render(r: Recipe) -> str:
         node_check=check if node_checks.needed(check) else None,
         node_check_spec=json.dumps(check, separators=(",", ":")),
         check_node_py=_embedded("check_node.py"),
-        keep_checkpoints=node_checks.keep_checkpoints(r) if node_checks.checkpoint_dir(r) else 0,
-        node_check_ckpt=node_checks.checkpoint_dir(r) or "",
+        keep_checkpoints=node_checks.keep_checkpoints(r) if ckpt else 0,
+        node_check_ckpt=ckpt or "",
+        secret_name_re=SECRET_NAME.pattern,
         pending_timeout=r.cluster.pending_timeout,
         watch_ray_py=_embedded("watch_ray.py"),
     )

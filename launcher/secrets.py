@@ -153,7 +153,8 @@ def _strings(node, prefix=""):
         yield prefix, node
 
 
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
+# Names that say a variable holds a secret (the job script redacts by the same rule).
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.I)
 
 
 def redact(text: str, environ: Mapping[str, str] = os.environ) -> str:
@@ -161,6 +162,6 @@ def redact(text: str, environ: Mapping[str, str] = os.environ) -> str:
     variable whose name says it is secret (declared secrets are named so, e.g. HF_TOKEN)."""
     for name, value in environ.items():
         value = value.strip()
-        if len(value) >= 8 and (name == KEY_ENV or _SECRET_NAME.search(name)):
+        if len(value) >= 8 and (name == KEY_ENV or SECRET_NAME.search(name)):
             text = text.replace(value, "<redacted>")
     return text

@@ -5,7 +5,8 @@
 #    "gpu_var": "CUDA_VISIBLE_DEVICES", "gpu_tool": "nvidia-smi" or null, "min_free_gb": x}
 # The batch shell wrote TOKEN into TOKEN_NAME in the run dir and the checkpoint dir on the head
 # node: a node that cannot read it there is not on the same storage. Prints one line per
-# problem ("node: field: path: what") and exits 1 if there is any.
+# problem ("@problem node: field: path: what") and exits 1 if there is any; a check still
+# blocked after TIME_LIMIT seconds (a hung mount) is a problem too.
 import json
 import os
 import shutil
@@ -13,10 +14,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 
+TIME_LIMIT = 60
 spec, run_dir, token_name, token = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 problems = []
+doing = ["starting"]  # what the check is at: named if it never returns
 
 
 def problem(field, path, what):
@@ -24,6 +28,7 @@ def problem(field, path, what):
 
 
 def readable(field, path):
+    doing[:] = [field, path]
     p = os.path.expanduser(path)
     try:
         if os.path.isdir(p):
@@ -39,6 +44,7 @@ def readable(field, path):
 
 def shared(field, path):
     """Writable here, and the storage the head node wrote its token to."""
+    doing[:] = [field, path]
     try:
         with open(os.path.join(path, token_name)) as f:
             seen = f.read().strip()
@@ -65,13 +71,16 @@ def gpus():
     if tool:
         try:
             out = subprocess.run([tool, "-L"], capture_output=True, text=True, timeout=20).stdout
-            listed = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+            # MIG: Slurm counts instances, the tool's "GPU" lines count boards: no comparison
+            if "MIG " not in out:
+                listed = sum(1 for line in out.splitlines() if line.startswith("GPU "))
         except (OSError, subprocess.SubprocessError):
             pass
     return given, listed
 
 
 def check_gpus(want):
+    doing[:] = ["cluster.gpus_per_node", spec.get("gpu_tool") or spec["gpu_var"]]
     given, listed = gpus()
     field, var, tool = "cluster.gpus_per_node", spec["gpu_var"], spec.get("gpu_tool") or "a GPU tool"
     if given is not None and given != want:
@@ -84,19 +93,13 @@ def check_gpus(want):
         problem(field, var, f"cannot count this node's GPUs: no {var} from Slurm, no {tool}")
 
 
-for field, path in spec["inputs"]:
-    readable(field, path)
-ckpt = spec.get("checkpoints")
-if spec.get("shared"):
-    shared("paths.runs", run_dir)
-    if ckpt:
-        shared("trainer.default_local_dir", ckpt)
-if spec.get("min_free_gb") and (os.path.isdir(ckpt or run_dir) or not spec.get("shared")):
+def free_disk(ckpt):
     # (a directory missing here is the shared-storage check's to report; with that off, the
     # disk it would be made on)
     where = ckpt or run_dir
     while not os.path.isdir(where) and os.path.dirname(where) != where:
         where = os.path.dirname(where)
+    doing[:] = ["node_checks.min_free_gb", where]
     try:
         free = shutil.disk_usage(where).free / 1e9
         if free < spec["min_free_gb"]:
@@ -104,9 +107,28 @@ if spec.get("min_free_gb") and (os.path.isdir(ckpt or run_dir) or not spec.get("
             problem("node_checks.min_free_gb", where, f"{free:.1f} GB free, below {want} GB")
     except OSError as e:
         problem("node_checks.min_free_gb", where, f"cannot read its free space ({e.strerror})")
-if spec.get("gpus"):
-    check_gpus(spec["gpus"])
 
+
+def check_all():
+    for field, path in spec["inputs"]:
+        readable(field, path)
+    ckpt = spec.get("checkpoints")
+    if spec.get("shared"):
+        shared("paths.runs", run_dir)
+        if ckpt:
+            shared("trainer.default_local_dir", ckpt)
+    if spec.get("min_free_gb") and (os.path.isdir(ckpt or run_dir) or not spec.get("shared")):
+        free_disk(ckpt)
+    if spec.get("gpus"):
+        check_gpus(spec["gpus"])
+
+
+# In a thread, so that a call a hung mount never returns from cannot hold the job: say which.
+worker = threading.Thread(target=check_all, daemon=True)
+worker.start()
+worker.join(TIME_LIMIT)
+if worker.is_alive():
+    problem(doing[0], doing[-1], f"did not answer within {TIME_LIMIT} s (a hung mount?)")
 for line in problems:
-    print(line, flush=True)
-sys.exit(1 if problems else 0)
+    print(f"@problem {line}", flush=True)
+os._exit(1 if problems else 0)  # not sys.exit: it would wait for a blocked thread

@@ -143,17 +143,26 @@ def verdict(what, need, nodes, actors, waited, never):
     return text
 
 
-# Waiting is judged only while nothing moves: an actor that becomes alive, or a placement
-# group placed, restarts the clock (Ray starts a node's actors one by one on a busy machine).
+# Waiting is judged only while nothing moves: an actor that becomes alive, a placement group
+# placed or a training step restarts the clock (Ray starts a node's actors one by one on a
+# busy machine), and each item's clock starts when it is first seen waiting.
 never_polls = Counter()
+first_seen = {}
 moved_at = time.monotonic()
 last_moves = None
 last_summary = last_state = None
+failures = 0
 while True:
     try:
         nodes, actors, pgs, queued = snapshot()
+        failures = 0
     except Exception as e:  # noqa: BLE001  (a busy GCS times out now and then: try again)
-        say(f"ray watchdog: GCS did not answer ({type(e).__name__})")
+        failures += 1
+        if failures == 1:
+            say(f"ray watchdog: GCS did not answer ({type(e).__name__}: {str(e)[:200]}); trying again")
+        if failures >= 30:  # a minute of errors: this Ray is not what the watchdog reads
+            say(f"the Ray watchdog is off: {type(e).__name__}: {str(e)[:200]}")
+            sys.exit(0)
         time.sleep(poll)
         continue
     now = time.monotonic()
@@ -175,25 +184,28 @@ while True:
     waiting = []  # (id, what, what it needs on one node, can it never fit)
     for p in pgs:
         if p["state"] in ("PENDING", "RESCHEDULING"):
-            # STRICT_PACK: all bundles on one node; otherwise the largest bundle must fit somewhere.
+            # STRICT_PACK: all bundles on one node; otherwise each bundle on some node.
             if p["strategy"] == "STRICT_PACK":
                 need = dict(sum((Counter(b) for b in p["bundles"]), Counter()))
             else:
                 need = {k: max(b.get(k, 0) for b in p["bundles"]) for k in set().union(*p["bundles"])}
-            never = p["scheduling"] == "INFEASIBLE" or not any(fits(need, n) for n in nodes)
+            never = p["scheduling"] == "INFEASIBLE" or not all(any(fits(b, n) for n in nodes) for b in p["bundles"]) \
+                or (p["strategy"] == "STRICT_PACK" and not any(fits(need, n) for n in nodes))
             waiting.append((p["id"], f"placement group {p['name'] or p['id'][:8]} ({len(p['bundles'])} bundle(s) "
                                      f"{fmt(p['bundles'][0]) if p['bundles'] else '{}'}, {p['strategy']})", need, never))
-    for a in actors:  # waiting for resources (a queued lease of its shape), not starting up; an
-        if a["state"] == "PENDING_CREATION" and not a["in_pg"]:  # actor in a group waits on the group
-            need = a["needs"] or {"CPU": 1}  # an actor without resources is placed like {CPU: 1}
-            never = not any(fits(need, n) for n in nodes)
-            if never or need in queued:
-                waiting.append((a["id"], f"actor {a['class']}", need, never))
+    # Actors waiting for resources (a lease of their shape queued), not starting up. One in a
+    # placement group waits on the group; one that asks for nothing is placed even on a full node.
+    for a in actors:
+        if a["state"] == "PENDING_CREATION" and not a["in_pg"] and a["needs"]:
+            never = not any(fits(a["needs"], n) for n in nodes)
+            if never or a["needs"] in queued:
+                waiting.append((a["id"], f"actor {a['class']}", a["needs"], never))
     ids = {w[0] for w in waiting}
     never_polls = Counter({k: n for k, n in never_polls.items() if k in ids})
+    first_seen = {k: t for k, t in first_seen.items() if k in ids}
     for wid, what, need, never in waiting:
         never_polls[wid] = never_polls[wid] + 1 if never else 0
-        waited = now - moved_at
+        waited = now - max(moved_at, first_seen.setdefault(wid, now))
         if never_polls[wid] >= 2 or (pending_timeout and waited >= pending_timeout):
             reason = verdict(what, need, nodes, actors, waited, never_polls[wid] >= 2)
             with open(reason_file, "w") as f:

@@ -75,8 +75,11 @@ def test_two_jobs_share_a_node_without_port_clashes(cli, sandbox, clean_env, tmp
 
 def test_worker_that_cannot_start_fails_the_job_naming_it(cli, sandbox, clean_env, tmp_path):
     timeout = 30  # generous: on 2 busy cores a healthy node can take 15 s to join
+    broken = tmp_path / "broken-ray" / "ray"  # node3's `ray` cannot start (its Python is fine)
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('import sys\nprint("no ray here", file=sys.stderr)\nsys.exit(7)\n')
     info = submit(cli, sandbox, clean_env, tmp_path, "cluster.nodes=3", f"cluster.ready_timeout={timeout}",
-                  """runtime.setup=['[ "$(hostname)" != node3 ] || { echo "no ray here" >&2; exit 7; }']""")
+                  f"""runtime.setup=['[ "$(hostname)" != node3 ] || export PYTHONPATH={broken.parent}']""")
     assert sandbox.wait(info["job_id"]) == "FAILED"
     out = Path(info["stdout"]).read_text()
     assert "node node3 did not join" in out and "node node2 did not join" not in out, out

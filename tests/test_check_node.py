@@ -36,7 +36,8 @@ def check(tmp_path, spec: dict, env: dict, lists: int = None) -> list:
                           capture_output=True, text=True, timeout=60)
     lines = proc.stdout.splitlines()
     assert proc.returncode == (1 if lines else 0), proc.stderr
-    return lines
+    assert all(line.startswith("@problem ") for line in lines), lines  # what the job script picks out
+    return [line[len("@problem "):] for line in lines]
 
 
 @pytest.mark.parametrize("env, lists, expect", [
@@ -74,3 +75,20 @@ def test_inputs_shared_storage_and_free_disk(tmp_path):
         unreadable.chmod(0)
         assert check(tmp_path, {"inputs": [["data.train_files", str(unreadable)]]}, {}) == [
             f"nodeX: data.train_files: {unreadable}: not readable (Permission denied)"]
+
+
+def test_a_check_that_never_returns_is_named_and_does_not_hold_the_job(tmp_path):
+    """A hung mount: the check blocks in open() (here, a FIFO nobody writes); it reports the
+    field and path after its time limit and exits, though the blocked thread cannot."""
+    fifo = tmp_path / "hung.parquet"
+    os.mkfifo(fifo)
+    script = SCRIPT.read_text().replace("TIME_LIMIT = 60", "TIME_LIMIT = 2")
+    limited = tmp_path / "check_node.py"
+    limited.write_text(script)
+    spec = {"inputs": [["data.train_files", str(fifo)]], "shared": False, "checkpoints": None, "min_free_gb": 0,
+            "gpus": None, "gpu_var": "CUDA_VISIBLE_DEVICES", "gpu_tool": None}
+    proc = subprocess.run([sys.executable, str(limited), json.dumps(spec), str(tmp_path), ".t", "x"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines() == [f"@problem {os.uname().nodename}: data.train_files: {fifo}: "
+                                        "did not answer within 2 s (a hung mount?)"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from conftest import RECIPES
 from launcher.local import MARKER
 
-PHASES = ["start", "nodes", "head-up", "workers-up", "ready", "driver-start", "driver-end", "teardown"]
+PHASES = ["start", "nodes", "inputs-check", "head-up", "workers-up", "ready", "driver-start", "driver-end", "teardown"]
 
 
 def _local(cli, env, tmp_path, *overrides):

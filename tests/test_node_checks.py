@@ -80,3 +80,11 @@ def test_a_node_with_a_gpu_gone_is_caught(cli, sandbox, clean_env, tmp_path):
 def test_too_little_free_disk_is_caught(cli, sandbox, clean_env, tmp_path):
     why = _refused(_run(cli, sandbox, clean_env, tmp_path, "node_checks.min_free_gb=1000000"))
     assert "node1: node_checks.min_free_gb: " in why and "GB free, below 1000000 GB" in why
+
+
+def test_a_node_whose_setup_fails_is_named(cli, sandbox, clean_env, tmp_path):
+    info = _run(cli, sandbox, clean_env, tmp_path, "cluster.nodes=3",
+                """runtime.setup=['[ "$(hostname)" != node3 ] || { echo "no venv here" >&2; exit 7; }']""")
+    why = _refused(info)
+    assert why.startswith("allocation check: node3: runtime.setup or the check: Exited with exit code 7"), why
+    assert "no venv here" in info["out"]

@@ -64,7 +64,8 @@ def test_two_node_job_completes_with_ray_on_both_nodes(demo_job, wandb_key):
     for seen in report["nodes"]:  # runtime.setup ran on each node itself
         assert seen["SETUP_HOST"] == seen["hostname"], seen
     phases = [json.loads(line)["phase"] for line in Path(info["phases"]).read_text().splitlines()]
-    assert phases == ["start", "nodes", "head-up", "workers-up", "ready", "driver-start", "driver-end", "teardown"]
+    assert phases == ["start", "nodes", "inputs-check", "head-up", "workers-up", "ready", "driver-start", "driver-end",
+                      "teardown"]
 
 
 def test_key_is_nowhere_on_disk_or_in_slurm(demo_job, wandb_key):
@@ -86,6 +87,19 @@ def test_failing_entrypoint_fails_the_job_with_its_exit_code(cli, sandbox, clean
     assert state == "FAILED", out
     assert sandbox.job_field(info["job_id"], "ExitCode") == "7:0", out
     assert "phase teardown (rc=7)" in out
+
+
+def test_a_failing_driver_is_named_in_one_line_without_the_key(cli, sandbox, clean_env, tmp_path, wandb_key):
+    env = dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state"))
+    info = _submit(cli, sandbox, env, tmp_path, "+verl.overrides.demo.raise_with_env=WANDB_API_KEY")
+    env = sandbox.env(env)
+    assert sandbox.wait(info["job_id"]) == "FAILED"
+    why = [json.loads(x) for x in Path(info["phases"]).read_text().splitlines() if '"driver-error"' in x]
+    assert [p["detail"] for p in why] == ["RuntimeError: the demo driver failed as asked (demo.raise_with_env): "
+                                          "<redacted>"]
+    st = cli("status", info["job_id"], env=env)
+    assert "stopped    driver-error: RuntimeError: the demo driver failed as asked" in st.stdout, st.stdout
+    assert wandb_key not in st.stdout + Path(info["phases"]).read_text()
 
 
 def test_key_from_a_file_read_inside_the_job(cli, sandbox, clean_env, tmp_path, wandb_key):
