@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-bringup bench-inputs-check clean
+.PHONY: install system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-bringup bench-inputs-check bench-bad-node clean
 
 install: $(VENV)/.installed
 
@@ -65,6 +65,9 @@ bench-bringup: install
 
 bench-inputs-check: install
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/inputs_check_bench.py
+
+bench-bad-node: install
+	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/bad_node_bench.py
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info

@@ -6,7 +6,8 @@ runs one task on every Ray node and one per GPU, reports the W&B settings each n
 processes see (the key only as present/absent and a short digest), writes
 ``demo-report.r<restart>.json`` into the run directory, and exits non-zero if the cluster does not
 match ``trainer.nnodes`` x ``trainer.n_gpus_per_node``. ``demo.exit_code=N`` makes it exit N
-after reporting (to show a failing entrypoint), ``demo.hold=S`` sleeps S seconds first.
+after reporting (to show a failing entrypoint), ``demo.hold=S`` sleeps S seconds first
+(``demo.hold_first=S``: in the first run only, not after a requeue).
 ``demo.trace=true`` runs verl's real rollout-tracing code in a Ray actor on every node (see
 ``trace_on_every_node``); it needs verl and weave on the nodes. ``demo.stuck=N`` then waits on
 an actor that asks for N CPUs (more than a node has: work the job's watchdog must catch).
@@ -184,6 +185,8 @@ def main(argv: list) -> int:
         print(f"waiting on an actor that needs {stuck} CPUs (demo.stuck)", flush=True)
         ray.get(TooBig.remote().ping.remote())
     hold = float(overrides.get("demo.hold", 0))
+    if os.environ.get("SLURM_RESTART_COUNT", "0") == "0":  # the first run only: a requeued one ends
+        hold = hold or float(overrides.get("demo.hold_first", 0))
     if hold:  # keep the job in its training phase, for fault tests
         print(f"holding for {hold:g} s (demo.hold)", flush=True)
         time.sleep(hold)

@@ -37,7 +37,7 @@ def _row(run: dict, info: dict) -> dict:
             "reason": info.get("reason"), "phase": phase["phase"] if phase else None,
             "phase_detail": phase.get("detail") if phase else None,
             "restart": phase.get("restart", 0) if phase else 0, "nodes": run.get("nodes"),
-            "stopped": paths.stop_reason(),
+            "stopped": paths.stop_reason(), "bad_nodes": paths.bad_nodes(),
             "progress": paths.progress(phase.get("restart", 0)) if phase and phase["phase"] == "driver-start" else None,
             "elapsed": _elapsed(run, info), "run_dir": run["run_dir"], "source": info.get("source")}
 
@@ -65,10 +65,11 @@ def cmd_list(args) -> int:
     if args.json:
         print(json.dumps(rows))
         return 0
-    print(f"{'JOBID':>8}  {'NAME':<16} {'EXPERIMENT':<22} {'STATE':<11} {'NODES':>5} {'ELAPSED':>9}  RUN DIR")
+    print(f"{'JOBID':>8}  {'NAME':<16} {'EXPERIMENT':<22} {'STATE':<14} {'NODES':>5} {'ELAPSED':>9}  RUN DIR")
     for r in rows:
+        state = r["state"] + (f" r{r['restart']}" if r["restart"] else "")  # it restarted
         print(f"{r['job_id']:>8}  {str(r['name'])[:16]:<16} {str(r['experiment'])[:22]:<22} "
-              f"{r['state'][:11]:<11} {str(r['nodes']):>5} {r['elapsed']:>9}  {r['run_dir']}")
+              f"{state[:14]:<14} {str(r['nodes']):>5} {r['elapsed']:>9}  {r['run_dir']}")
     return 0
 
 
@@ -101,6 +102,8 @@ def cmd_status(args) -> int:
         print(f"progress   {row['progress']}")
     if row["stopped"]:
         print(redact(f"stopped    {row['stopped']}"))
+    for b in row["bad_nodes"]:  # what each restart was put down to (excluded when it requeued)
+        print(redact(f"bad node   {b['node']} (run {b['restart']}): {b['why']}"))
     print(f"elapsed    {row['elapsed']}")
     print(f"run dir    {row['run_dir']}")
     print(f"output     {row['stdout']}")

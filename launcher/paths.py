@@ -115,6 +115,12 @@ class RunPaths:
         p = why[-1]
         return f"{p['phase']}: {p['detail']}" if p.get("detail") else p["phase"]
 
+    def bad_nodes(self) -> list:
+        """The nodes each run's failure was put down to: [{"restart", "node", "why"}]."""
+        return [{"restart": p.get("restart", 0), "node": p["detail"].split(":", 1)[0],
+                 "why": p["detail"].split(":", 1)[-1].strip()}
+                for p in self.read_phases() if p["phase"] == "bad-node" and p.get("detail")]
+
     def progress(self, restart: int = 0) -> Optional[str]:
         """The watchdog's one-line summary of the driver's Ray work (actors, training step)."""
         try:

@@ -54,6 +54,9 @@ class Cluster:
     requeue: bool = False
     signal_seconds: int = 300
     max_restarts: int = 3
+    # A failure put down to a node (its Ray ended, it never joined, only it failed the
+    # allocation check, Ray lost it): requeue without that node. null: on with requeue.
+    exclude_bad_nodes: Optional[bool] = None
     # The nodes' GPU vendor: Slurm's gres/gpu may set every vendor's visibility variable in a
     # step; the job clears the others' before Ray starts (verl refuses ROCR_ beside CUDA_).
     gpu_vendor: str = "nvidia"  # nvidia | amd | none (leave them as Slurm sets them)
@@ -383,6 +386,8 @@ def validate(r: Recipe, blame) -> None:
         bad("cluster.signal_seconds", f"must be 1-65535 seconds (sbatch --signal), got {c.signal_seconds}")
     if c.max_restarts < 0:
         bad("cluster.max_restarts", f"must be 0 or more, got {c.max_restarts}")
+    if c.exclude_bad_nodes and not c.requeue:
+        bad("cluster.exclude_bad_nodes", "excludes a failed node when the job requeues itself: set cluster.requeue=true")
     if c.gpu_vendor not in GPU_VENDORS:
         bad("cluster.gpu_vendor", f"{c.gpu_vendor!r} is not one of {', '.join(GPU_VENDORS)}")
     if c.pending_timeout < 0:

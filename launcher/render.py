@@ -133,6 +133,7 @@ def render(r: Recipe) -> str:
         object_store_memory=r.cluster.object_store_memory,
         ready_timeout=r.cluster.ready_timeout,
         requeue=r.cluster.requeue,
+        exclude_bad_nodes=r.cluster.requeue and r.cluster.exclude_bad_nodes is not False,
         signal_seconds=r.cluster.signal_seconds,
         max_restarts=r.cluster.max_restarts,
         network_interface=r.cluster.network_interface or "",

@@ -42,6 +42,7 @@ head_host = expected.get(address.rsplit(":", 1)[0])
 def fail(why, missing):
     say(f"ERROR: Ray not ready: {why}")
     for host in sorted(missing):
+        print(f"@missing {host} {why}", flush=True)
         say(f"node {host} did not join")
         pattern = "ray-head.r*.log" if host == head_host else f"ray-worker-{glob.escape(host)}.r*.log"
         logs = sorted(glob.glob(os.path.join(log_dir, pattern)), key=os.path.getmtime)

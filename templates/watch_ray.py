@@ -5,8 +5,9 @@
 # - exit 4, with the reason in REASON_FILE, when Ray work waits for resources the cluster cannot
 #   give: at once if no node could ever hold it, else after PENDING_TIMEOUT seconds of waiting
 #   (verl waits forever, silently, for a placement group or actor that does not fit).
+# - a line in LOST_FILE ("node reason") for each of the job's nodes Ray marks dead.
 # Exits 0 if this Ray has no such API: the job then runs on without the watchdog.
-# argv: GCS_ADDRESS STATE_FILE REASON_FILE NODES_FILE DRIVER_LOG PENDING_TIMEOUT [POLL_S]
+# argv: GCS_ADDRESS STATE_FILE REASON_FILE NODES_FILE DRIVER_LOG PENDING_TIMEOUT LOST_FILE [POLL_S]
 import json
 import os
 import re
@@ -15,8 +16,8 @@ import time
 from collections import Counter
 
 gcs, state_file, reason_file, nodes_file, driver_log = sys.argv[1:6]
-pending_timeout = float(sys.argv[6])
-poll = float(sys.argv[7]) if len(sys.argv) > 7 else 2.0
+pending_timeout, lost_file = float(sys.argv[6]), sys.argv[7]
+poll = float(sys.argv[8]) if len(sys.argv) > 8 else 2.0
 hosts = {}
 with open(nodes_file) as f:
     for line in f:
@@ -52,6 +53,9 @@ def fmt(d):
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in d.items()) + "}"
 
 
+dead = {}  # node id -> (host, why): the job's nodes Ray has marked dead
+
+
 def snapshot():
     nodes = {}
     usage = client.get_all_resource_usage(timeout=10).resource_usage_data
@@ -59,6 +63,12 @@ def snapshot():
     queued = [res(d.shape) for d in usage.resource_load_by_shape.resource_demands
               if d.num_ready_requests_queued or d.num_infeasible_requests_queued]
     for nid, n in client.get_all_node_info(timeout=10).items():
+        if n.state != gcs_pb2.GcsNodeInfo.ALIVE and n.node_manager_address in hosts and nid.hex() not in dead:
+            info = getattr(n, "death_info", None)  # (what Ray says of the death, where it says it)
+            why = " ".join(str(getattr(info, "reason_message", "") or "marked dead by Ray").split())
+            dead[nid.hex()] = (hosts[n.node_manager_address], why[:300])
+            with open(lost_file, "a") as f:
+                f.write(f"{hosts[n.node_manager_address]} {why[:300]}\n")
         if n.state == gcs_pb2.GcsNodeInfo.ALIVE:
             ip = n.node_manager_address
             nodes[nid.hex()] = {"ip": ip, "host": hosts.get(ip, ip), "total": res(n.resources_total), "free": {}}

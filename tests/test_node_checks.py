@@ -34,9 +34,9 @@ def _run(cli, sandbox, clean_env, tmp_path, *overrides) -> dict:
 def _refused(info) -> str:
     """The job failed in the allocation check, before any Ray; returns what it said."""
     assert info["state"] == "FAILED", info["out"][-3000:]
-    names = [p["phase"] for p in info["phases"]]
+    names = [p["phase"] for p in info["phases"] if p["phase"] != "bad-node"]
     assert names == ["start", "nodes", "inputs-check", "error", "teardown"], names
-    why = info["phases"][3]["detail"]
+    why = [p["detail"] for p in info["phases"] if p["phase"] == "error"][0]
     assert why.startswith("allocation check: ") and "node_checks" in why
     assert info["status"]["stopped"] == f"error: {why}"
     return why
@@ -55,7 +55,12 @@ def test_data_staged_on_the_head_node_only_is_caught_on_the_other(cli, sandbox, 
 
 def test_a_node_local_checkpoint_dir_is_caught_and_the_check_can_be_turned_off(cli, sandbox, clean_env, tmp_path):
     ckpt = NODE_LOCAL / f"ckpt-{secrets.token_hex(4)}"
-    why = _refused(_run(cli, sandbox, clean_env, tmp_path, f"verl.overrides.trainer.default_local_dir={ckpt}"))
+    info = _run(cli, sandbox, clean_env, tmp_path, f"verl.overrides.trainer.default_local_dir={ckpt}")
+    why = _refused(info)
+    # Only node2 failed it: the failure is put down to node2 (excluded if the job requeued).
+    assert [p["detail"][:60] for p in info["phases"] if p["phase"] == "bad-node"] == [
+        f"node2: inputs-check: node2: trainer.default_local_dir: {ckpt}"[:60]]
+    assert info["status"]["bad_nodes"][0]["node"] == "node2"
     assert why.startswith(f"allocation check: node2: trainer.default_local_dir: {ckpt}: not the storage the head "
                           "node writes to"), why
     assert "node1:" not in why
@@ -78,7 +83,9 @@ def test_a_node_with_a_gpu_gone_is_caught(cli, sandbox, clean_env, tmp_path):
 
 
 def test_too_little_free_disk_is_caught(cli, sandbox, clean_env, tmp_path):
-    why = _refused(_run(cli, sandbox, clean_env, tmp_path, "node_checks.min_free_gb=1000000"))
+    info = _run(cli, sandbox, clean_env, tmp_path, "node_checks.min_free_gb=1000000")
+    why = _refused(info)
+    assert info["status"]["bad_nodes"] == []  # every node: the recipe's doing, not a node's
     assert "node1: node_checks.min_free_gb: " in why and "GB free, below 1000000 GB" in why
 
 
