@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_procs import RequeueHold
+
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
 SANDBOX_UP = ROOT / "tests" / "cluster" / "sandbox-up.sh"
@@ -70,6 +72,8 @@ def sandbox():
 class Sandbox:
     def __init__(self, slurm_conf: str):
         self.slurm_conf = slurm_conf
+        # Call in a polling loop: releases a requeued job from its begin-time hold, safely.
+        self.release_requeued = RequeueHold(lambda *cmd: self.run(*cmd).stdout)
 
     def reset_controller(self) -> None:
         """Restart slurmctld with its state wiped: job ids start again at 1 (state loss)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, submit_json
+from sandbox_procs import raylet_of
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.accounting]
 
@@ -43,19 +44,6 @@ def _until(cond, what: str, timeout: float = 240, release=None):
     pytest.fail(f"timed out waiting for {what}")
 
 
-def raylet_of(job_id: str, node: str) -> int:
-    """The job's raylet on NODE, found by its environment (never by name alone)."""
-    want = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURMD_NODENAME={node}".encode()}
-    for p in Path("/proc").iterdir():
-        try:
-            if p.name.isdigit() and (p / "comm").read_text().strip() == "raylet" \
-                    and want <= set((p / "environ").read_bytes().split(b"\0")):
-                return int(p.name)
-        except OSError:
-            continue
-    pytest.fail(f"no raylet of job {job_id} on {node}")
-
-
 @pytest.fixture
 def env(clean_env, tmp_path):
     return dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state"))
@@ -64,7 +52,9 @@ def env(clean_env, tmp_path):
 def _kill_worker_raylet(sandbox, info) -> float:
     job, run_dir = info["job_id"], info["run_dir"]
     _until(lambda: Path(run_dir, "demo-report.r0.json").exists(), "the first run's driver")
-    os.kill(raylet_of(job, "node2"), signal.SIGKILL)
+    pid = raylet_of(job, "node2")
+    assert pid, f"no raylet of job {job} on node2"
+    os.kill(pid, signal.SIGKILL)
     return time.monotonic()
 
 
@@ -73,12 +63,8 @@ def test_a_killed_worker_node_is_excluded_and_the_job_resumes_elsewhere(cli, san
     job, run_dir = info["job_id"], info["run_dir"]
     try:
         _kill_worker_raylet(sandbox, info)
-
-        def release():  # a requeued job waits ~2 min on its begin time otherwise
-            if sandbox.job_field(job, "JobState") == "PENDING":
-                sandbox.run("scontrol", "update", f"jobid={job}", "StartTime=now")
         _until(lambda: sandbox.job_field(job, "JobState") == "COMPLETED", "the restarted run to complete",
-               release=release)
+               release=lambda: sandbox.release_requeued(job))
     finally:
         sandbox.run("scancel", job)
     phases = _phases(run_dir)

@@ -31,8 +31,7 @@ def _wait_phase(sandbox, job_id: str, run_dir: str, name: str, restart: int, tim
     while time.monotonic() < deadline:
         if any(p["phase"] == name and p["restart"] == restart for p in _phases(run_dir)):
             return
-        if sandbox.job_field(job_id, "JobState") == "PENDING":  # requeued jobs wait ~2 min otherwise
-            sandbox.run("scontrol", "update", f"jobid={job_id}", "StartTime=now")
+        sandbox.release_requeued(job_id)  # requeued jobs wait ~2 min otherwise
         if sandbox.job_field(job_id, "JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break
         time.sleep(1)
