@@ -1,18 +1,22 @@
-"""The launcher's own checks for known traps in the verl settings a recipe produces.
+"""The launcher's own checks of a composed recipe: its values (validate), and known traps in
+the verl settings it produces (check).
 
 Each one catches a mistake that would otherwise cost a queue wait and a failed or useless
-run; verl's own validation (issue 4's preflight) runs separately, in verl itself.
+run; verl's keys are checked against a snapshot of its config (verl_schema), and verl's own
+validation runs separately, in verl itself (preflight).
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import re
 from typing import Any, Dict, Optional
 
 from .errors import RecipeError
 from .overrides import derived, flatten
-from .recipe import Recipe
+from .schema import GPU_VENDORS, TRACE_BACKENDS, Recipe
+from . import verl_schema
 from .verl_resources import DEFAULTS, STORAGE_UNITS, cpu_need
 
 CKPT_DIR = "trainer.default_local_dir"
@@ -74,8 +78,9 @@ def check_capacity(r: Recipe, resolved: Optional[Dict[str, Any]] = None, blame=l
     return need
 
 
-def check(r: Recipe, blame=lambda key: "recipe") -> None:
-    """Raise RecipeError, naming the field, for the first trap found."""
+def check(r: Recipe, blame=lambda key: "recipe") -> str:
+    """Raise RecipeError, naming the field, for the first trap found; return a line on how
+    verl's keys were checked."""
     v = verl_settings(r, blame)
 
     def bad(key: str, message: str) -> None:
@@ -106,12 +111,182 @@ def check(r: Recipe, blame=lambda key: "recipe") -> None:
             bad("verl.overrides.trainer.save_freq", "cluster.requeue resumes from checkpoints: set it to "
                 "a positive number of steps (verl's default -1 saves none)")
 
-    if is_verl(r):
-        name = v.get("actor_rollout_ref.rollout.name")
-        if name is None:
-            bad("verl.overrides.actor_rollout_ref.rollout.name",
-                f"is required by verl (one of {', '.join(ROLLOUT_NAMES)})")
-        if name not in ROLLOUT_NAMES:
-            bad("verl.overrides.actor_rollout_ref.rollout.name",
-                f"{name!r} is not one of {', '.join(ROLLOUT_NAMES)}")
-        check_capacity(r, None, blame)
+    if not is_verl(r):
+        return f"not checked: entrypoint {r.verl.entrypoint} is not verl's"
+    keys = verl_schema.check(flatten(r.verl.overrides, blame), r.verl.version, r.verl.extra_keys, blame)
+    name = v.get("actor_rollout_ref.rollout.name")
+    if name is None:
+        bad("verl.overrides.actor_rollout_ref.rollout.name",
+            f"is required by verl (one of {', '.join(ROLLOUT_NAMES)})")
+    if name not in ROLLOUT_NAMES:
+        bad("verl.overrides.actor_rollout_ref.rollout.name",
+            f"{name!r} is not one of {', '.join(ROLLOUT_NAMES)}")
+    check_capacity(r, None, blame)
+    return keys
+
+
+# ----------------------------------------------------------------------------- values
+_SAFE_DIRECTIVE = re.compile(r"^[^\s'\"\\#$`;|<>]+$")  # values on #SBATCH lines
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ENTITY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+_TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2}|UNLIMITED|INFINITE)$")
+_MEM = re.compile(r"^\d+[KMGT]?$")
+_SBATCH_ARG = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(=[^\s'\"\\`$;|<>]+)?$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_OVERRIDE_KEY = re.compile(r"^(\+\+|\+)?[A-Za-z_][\w-]*(\.[A-Za-z_0-9][\w-]*)*$")
+# Directives the launcher writes itself; a duplicate in sbatch_args would fight them.
+# sbatch accepts any unique prefix of an option (getopt_long), so prefixes count too. --export
+# would keep the key from the job; the GPU and memory forms fight cluster.*.
+_OWN_DIRECTIVES = {"nodes", "ntasks-per-node", "ntasks", "gpus-per-node", "cpus-per-task",
+                   "job-name", "output", "error", "chdir", "mem", "partition", "account",
+                   "qos", "time", "constraint", "exclusive", "parsable", "wrap", "export",
+                   "export-file", "gres", "gpus", "gpus-per-task", "mem-per-cpu", "mem-per-gpu",
+                   "cpus-per-gpu", "input", "open-mode", "array", "requeue", "no-requeue",
+                   "signal"}
+# Names the job sets itself, or secrets that must never sit in a recipe.
+_RESERVED_ENV = {"WANDB_API_KEY", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES"}
+
+
+def validate(r: Recipe, blame) -> None:
+    def bad(key: str, message: str) -> None:
+        raise RecipeError(message, where=blame(key), key=key)
+
+    if not _JOB_NAME.fullmatch(r.job.name):
+        bad("job.name", "must be 1-128 characters of letters, digits, '.', '_' or '-', "
+                        "starting with a letter or digit")
+    c = r.cluster
+    if c.nodes < 1:
+        bad("cluster.nodes", f"must be at least 1, got {c.nodes}")
+    if c.gpus_per_node < 0:
+        bad("cluster.gpus_per_node", f"must be 0 or more, got {c.gpus_per_node}")
+    if c.cpus_per_task < 1:
+        bad("cluster.cpus_per_task", f"must be at least 1, got {c.cpus_per_task}")
+    if c.ready_timeout < 10:
+        bad("cluster.ready_timeout", f"must be at least 10 seconds, got {c.ready_timeout}")
+    if c.object_store_memory is not None and c.object_store_memory < 78643200:
+        bad("cluster.object_store_memory", "must be at least 75 MiB (Ray's minimum), in bytes")
+    for name in ("partition", "account", "qos", "constraint"):
+        v = getattr(c, name)
+        if v is not None and not _SAFE_DIRECTIVE.fullmatch(v):
+            bad(f"cluster.{name}", f"{v!r} is not a valid Slurm value (no spaces, quotes or shell characters)")
+    if c.network_interface is not None and not re.fullmatch(r"^[A-Za-z0-9_.:-]{1,15}$", c.network_interface):
+        bad("cluster.network_interface", f"{c.network_interface!r} is not a network interface name")
+    if (len(c.port_range) != 2 or not 1024 <= c.port_range[0] < c.port_range[1] <= 65535):
+        bad("cluster.port_range", "must be [low, high] with 1024 <= low < high <= 65535")
+    if c.worker_ports < 16:
+        bad("cluster.worker_ports", "must be at least 16")
+    elif c.port_range[1] - c.port_range[0] + 1 < 9 + c.worker_ports:
+        bad("cluster.port_range", f"too small for one job's {9 + c.worker_ports} Ray ports")
+    if c.signal_seconds < 1 or c.signal_seconds > 65535:
+        bad("cluster.signal_seconds", f"must be 1-65535 seconds (sbatch --signal), got {c.signal_seconds}")
+    if c.max_restarts < 0:
+        bad("cluster.max_restarts", f"must be 0 or more, got {c.max_restarts}")
+    if c.exclude_bad_nodes and not c.requeue:
+        bad("cluster.exclude_bad_nodes", "excludes a failed node when the job requeues itself: set cluster.requeue=true")
+    if c.gpu_vendor not in GPU_VENDORS:
+        bad("cluster.gpu_vendor", f"{c.gpu_vendor!r} is not one of {', '.join(GPU_VENDORS)}")
+    if c.pending_timeout < 0:
+        bad("cluster.pending_timeout", f"must be 0 (no watchdog) or more seconds, got {c.pending_timeout}")
+    if r.node_checks.min_free_gb < 0:
+        bad("node_checks.min_free_gb", f"must be 0 (no check) or more, got {r.node_checks.min_free_gb}")
+    if c.time is not None and not _TIME.fullmatch(c.time):
+        bad("cluster.time", f"{c.time!r} is not a Slurm time (minutes, HH:MM:SS or D-HH:MM:SS)")
+    if c.mem is not None and not _MEM.fullmatch(c.mem):
+        bad("cluster.mem", f"{c.mem!r} is not a Slurm memory size (e.g. 0, 512G)")
+    for i, a in enumerate(c.sbatch_args):
+        if not _SBATCH_ARG.fullmatch(a):
+            bad(f"cluster.sbatch_args[{i}]", f"{a!r} must look like --option or --option=value, without spaces or quotes")
+        opt = a[2:].split("=", 1)[0]
+        if any(own.startswith(opt) for own in _OWN_DIRECTIVES):
+            bad(f"cluster.sbatch_args[{i}]", f"--{opt} is (a prefix of) an option the launcher sets or "
+                                             "forbids; use the cluster.* fields")
+
+    if not r.runtime.python.strip() or _CONTROL.search(r.runtime.python):
+        bad("runtime.python", "must be a non-empty interpreter path or name")
+    for i, line in enumerate(r.runtime.setup):
+        if "\n" in line or "\x00" in line:
+            bad(f"runtime.setup[{i}]", "one shell line per list item (no newlines)")
+
+    for k, v in r.env.items():
+        if not _ENV_NAME.fullmatch(k):
+            bad(f"env.{k}", "not a valid environment variable name")
+        if k in _RESERVED_ENV or k.startswith("SLURM_"):
+            why = ("a secret: export it in your shell or use wandb.api_key_file"
+                   if k == "WANDB_API_KEY" else "set by the job itself")
+            bad(f"env.{k}", f"cannot be set in a recipe ({why})")
+        if "\x00" in v:
+            bad(f"env.{k}", "contains a NUL byte")
+
+    for i, name in enumerate(r.secrets):
+        if not _ENV_NAME.fullmatch(name) or name.startswith("SLURM_"):
+            bad(f"secrets[{i}]", f"{name!r} is not an environment variable name")
+        if name in r.env:
+            bad(f"env.{name}", "is declared in `secrets`: its value must come from your environment")
+
+    w = r.wandb
+    tracing = r.trace.backend == "weave"
+    if (w.enabled or tracing) and not w.project:
+        bad("wandb.project", "is required when W&B logging or Weave tracing is on")
+    if w.project is not None:
+        if len(w.project) > 128 or re.search(r"[/\\#?%:]", w.project) or _CONTROL.search(w.project):
+            bad("wandb.project", f"{w.project!r} is not a valid W&B project name (at most 128 characters, "
+                                 "none of / \\ # ? % :; put the entity in wandb.entity)")
+    if w.experiment is not None and (not w.experiment or len(w.experiment) > 128 or _CONTROL.search(w.experiment)):
+        bad("wandb.experiment", "must be 1-128 printable characters")
+    if w.entity is not None and not _ENTITY.fullmatch(w.entity):
+        bad("wandb.entity", f"{w.entity!r} is not a valid W&B entity (letters, digits, '_' or '-')")
+    if w.base_url is not None and not re.fullmatch(r"^https?://[^\s'\"\\]+$", w.base_url):
+        bad("wandb.base_url", f"{w.base_url!r} must be an http(s) URL")
+    if w.api_key_file is not None:
+        p = os.path.expanduser(w.api_key_file)
+        if not os.path.isabs(p) or _CONTROL.search(p):
+            bad("wandb.api_key_file", "must be an absolute path (it is read on the nodes)")
+        w.api_key_file = p
+
+    t = r.trace
+    if t.backend not in TRACE_BACKENDS:
+        bad("trace.backend", f"{t.backend!r} is not one of {', '.join(TRACE_BACKENDS)}")
+    if t.on_unreachable not in ("fail", "disable"):
+        bad("trace.on_unreachable", f"{t.on_unreachable!r} is not one of fail, disable")
+    if w.reach_timeout < 0 or w.reach_timeout > 300:
+        bad("wandb.reach_timeout", f"must be 0-300 seconds, got {w.reach_timeout}")
+    if t.max_samples_per_step_per_worker is not None and t.max_samples_per_step_per_worker < 0:
+        bad("trace.max_samples_per_step_per_worker", "must be null (every sample) or 0 or more")
+
+    if r.verl.version is not None:
+        from .verl_versions import parse
+
+        try:
+            parse(r.verl.version)
+        except ValueError as e:
+            bad("verl.version", str(e))
+    if not _MODULE.fullmatch(r.verl.entrypoint):
+        bad("verl.entrypoint", f"{r.verl.entrypoint!r} is not a Python module name")
+    for k in r.verl.overrides:
+        if not _OVERRIDE_KEY.fullmatch(str(k)):
+            bad(f"verl.overrides.{k}", "not a valid Hydra key (dotted names, optional + or ++ prefix)")
+    for i, k in enumerate(r.verl.extra_keys):
+        if not _OVERRIDE_KEY.fullmatch(str(k)) or str(k).startswith("+"):
+            bad(f"verl.extra_keys[{i}]", f"{k!r} is not a dotted verl key")
+
+    k = r.container
+    if k.image is not None and not re.fullmatch(r"[^\s,'\"\\`$;|<>]+", k.image):
+        bad("container.image", f"{k.image!r} is not an image name or squashfs path (no spaces, commas or quotes)")
+    for i, m in enumerate(k.mounts):  # pyxis separates mounts with commas
+        if not re.fullmatch(r"/[^\s,:'\"\\`$]*:/[^\s,:'\"\\`$]*(:[a-z+]+)?", m):
+            bad(f"container.mounts[{i}]", f"{m!r} must be SRC:DST[:FLAGS], absolute paths, no commas or spaces")
+    if k.workdir is not None and not re.fullmatch(r"/[^\s'\"\\`$]*", k.workdir):
+        bad("container.workdir", f"{k.workdir!r} must be an absolute path inside the container")
+    for i, name in enumerate(k.env):
+        if not _ENV_NAME.fullmatch(name):
+            bad(f"container.env[{i}]", f"{name!r} is not an environment variable name")
+    if k.image is None:
+        for name, value, default in (("mounts", k.mounts, []), ("workdir", k.workdir, None),
+                                     ("env", k.env, []), ("mount_home", k.mount_home, True)):
+            if value != default:
+                bad(f"container.{name}", "is set, but container.image is not: there is no container")
+
+    if not r.paths.runs or _CONTROL.search(r.paths.runs):
+        bad("paths.runs", "must be a directory path")

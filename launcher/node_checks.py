@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from .checks import CKPT_DIR, effective
-from .recipe import Recipe
+from .schema import Recipe
 
 # verl settings that name local files or directories every node must read.
 INPUT_KEYS = (

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple
 
 from .errors import RecipeError
-from .recipe import Recipe
+
+if TYPE_CHECKING:
+    from .schema import Recipe
 
 TRACE = "actor_rollout_ref.rollout.trace"
 

@@ -14,7 +14,7 @@ import jinja2
 from . import __version__, node_checks
 from .overrides import verl_args
 from .paths import RunPaths
-from .recipe import Recipe
+from .schema import Recipe
 from .resources import templates_dir
 from .secrets import SECRET_NAME, wandb_host
 

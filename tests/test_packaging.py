@@ -4,6 +4,7 @@ a wheel installed in a fresh virtual environment."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -15,7 +16,8 @@ from conftest import ROOT
 
 NEEDED = ["launcher/templates/sbatch.sh.j2", "launcher/templates/wait_ready.py",
           "launcher/recipes/sandbox-demo.yaml", "launcher/recipes/gsm8k-grpo.yaml",
-          "launcher/recipes/cluster/sandbox.yaml", "launcher/recipes/cluster/sunk.yaml"]
+          "launcher/recipes/cluster/sandbox.yaml", "launcher/recipes/cluster/sunk.yaml",
+          "launcher/verl_schemas/verl-0.9.1.json"]
 
 
 def test_editable_install_uses_the_checkout(tmp_path):
@@ -64,6 +66,12 @@ def test_wheel_in_a_fresh_venv_renders_and_checks(wheel, tmp_path):
     mine = tmp_path / "mine.yaml"
     mine.write_text("defaults:\n  - cluster: sunk\njob:\n  name: mine\nwandb:\n  project: p\n"
                     "verl:\n  overrides:\n    actor_rollout_ref.rollout.name: vllm\npaths:\n  runs: /mnt/data/runs\n")
-    check = subprocess.run([exe, "check", mine, "cluster.nodes=4"], capture_output=True, text=True, cwd=tmp_path)
+    env = dict(os.environ, WANDB_API_KEY="local-" + "0" * 40)
+    check = subprocess.run([exe, "check", mine, "cluster.nodes=4"], capture_output=True, text=True, cwd=tmp_path,
+                           env=env)
     assert check.returncode == 0, check.stderr
     assert "4 node(s) x 8 GPU(s), 112 CPUs" in check.stdout
+    # verl's config snapshot travels in the wheel: a typo is found without verl
+    typo = subprocess.run([exe, "check", mine, "+verl.overrides.trainer.total_epoch=2"], capture_output=True,
+                          text=True, cwd=tmp_path, env=env)
+    assert typo.returncode == 2 and "did you mean trainer.total_epochs?" in typo.stderr, typo.stderr

@@ -1,0 +1,150 @@
+"""verl's keys, checked without verl: the recipe's verl overrides against a snapshot of verl's
+config (launcher/verl_schemas/verl-<version>.json, written from verl itself by
+verl_schema_snapshot.py), so that a typo costs a second on a login node, not an allocation.
+
+What is refused, each naming the key and where it was set:
+- a key verl's config does not have ("did you mean ...?"), with or without `+`: a `+key` that
+  verl never reads passes Hydra and verl's own checks, and silently does nothing;
+- `+key` for a key verl has (Hydra refuses it: "An item is already at ...");
+- a new key under a free-form section (override_config, engine_kwargs, ...) without `+`
+  (Hydra refuses that too); with `+` it is fine: verl hands those on unread;
+- a value of the wrong type (a number for a count, true/false for a switch), or a value
+  verl does not know for a key with a fixed set (advantage estimators, rollout engines...).
+`verl.extra_keys` lists keys (or sections) this check leaves alone: a verl fork's own.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from .errors import RecipeError
+from .verl_versions import NEWEST_CHECKED, parse
+
+SNAPSHOTS = Path(__file__).with_name("verl_schemas")
+OWN = "; if your own verl build has it, list the key in verl.extra_keys"
+
+
+@dataclass(frozen=True)
+class Schema:
+    version: str  # the verl release the snapshot was taken from
+    keys: Dict[str, dict]  # dotted key -> {type, nullable, from, default}
+    sections: Dict[str, dict]  # dotted section -> {open, dataclass}
+    enums: Dict[str, list]  # dotted key (key[] for a list's items) -> known values
+
+    def free_form(self, key: str) -> bool:
+        """KEY lies inside a section whose keys verl hands on unread."""
+        parts = key.split(".")
+        return any(self.sections.get(".".join(parts[:i]), {}).get("open") for i in range(1, len(parts)))
+
+
+@functools.lru_cache(maxsize=None)
+def _read(path: Path) -> Schema:
+    snap = json.loads(path.read_text())
+    return Schema(snap["verl_version"], snap["keys"], snap["sections"], snap["enums"])
+
+
+def snapshot_for(version: Optional[str]) -> Tuple[Optional[Schema], str]:
+    """The snapshot for verl VERSION (None: the newest the launcher knows): that release's, else
+    the newest of its major.minor series; (None, why) when the launcher has none."""
+    want = parse(version or NEWEST_CHECKED)
+    have = {}
+    for p in SNAPSHOTS.glob("verl-*.json"):
+        try:
+            have[parse(p.stem[len("verl-"):])] = p
+        except ValueError:
+            continue
+    if want in have:
+        return _read(have[want]), ""
+    series = sorted(v for v in have if v[:2] == want[:2])
+    if series:
+        s = _read(have[series[-1]])
+        return s, f" (the nearest snapshot: verl {version} has none)"
+    known = ", ".join(".".join(map(str, v)) for v in sorted(have)) or "none"
+    return None, (f"no snapshot of verl {version}'s config (the launcher has: {known}); verl's keys are "
+                  "checked only by verl itself (preflight). To add one: python -m launcher.verl_schema_snapshot")
+
+
+def _interpolated(value: Any) -> bool:
+    return isinstance(value, str) and "${" in value
+
+
+def _type_error(spec: dict, value: Any) -> Optional[str]:
+    """Why VALUE cannot be KEY's (SPEC's) value, or None. Lenient where verl is: null is
+    always let through (verl's own checks decide), and a type guessed from a default takes
+    any number for a number."""
+    if value is None or _interpolated(value):
+        return None
+    kind, declared = spec["type"], spec.get("from") == "annotation"
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool" and not isinstance(value, bool):
+        return f"must be true or false, got {value!r}"
+    if kind in ("int", "float") and not number:
+        return f"must be a number, got {value!r}"
+    if kind == "int" and declared and isinstance(value, float):
+        return f"must be a whole number, got {value!r}"
+    if kind == "str" and isinstance(value, (dict, list)):
+        return f"must be a single value, got {value!r}"
+    return None
+
+
+def _enum_error(schema: Schema, key: str, value: Any) -> Optional[str]:
+    for k, items in ((key, [value]), (key + "[]", value if isinstance(value, list) else [])):
+        known = schema.enums.get(k)
+        for item in items if known else ():
+            if isinstance(item, str) and not _interpolated(item) and item not in known:
+                return f"{item!r} is not one verl {schema.version} knows ({', '.join(known)}){OWN}"
+    return None
+
+
+def _suggest(schema: Schema, key: str) -> str:
+    near = difflib.get_close_matches(key, schema.keys, n=3, cutoff=0.75)
+    if not near:  # the last part alone, among its section's keys ("total_epoch" in trainer)
+        parent, _, last = key.rpartition(".")
+        siblings = {k.rpartition(".")[2]: k for k in schema.keys if k.rpartition(".")[0] == parent}
+        near = [siblings[s] for s in difflib.get_close_matches(last, siblings, n=3, cutoff=0.6)]
+    return f": did you mean {' or '.join(near)}?" if near else ""
+
+
+def problem(schema: Schema, key: str, value: Any) -> Optional[str]:
+    """Why override KEY (as written: a `+` or `++` prefix included) = VALUE is wrong, or None."""
+    plain = key.lstrip("+")
+    add = key.startswith("+")
+    if "[" in plain:  # an item of a list (`trainer.logger[0]`): verl's own checks see it
+        return None
+    if plain in schema.keys:
+        if add and not key.startswith("++"):
+            return (f"is already a key of verl {schema.version}'s config: drop the '+' "
+                    "(Hydra refuses '+' for a key that exists)")
+        spec = schema.keys[plain]
+        return _type_error(spec, value) or _enum_error(schema, plain, value)
+    if plain in schema.sections:
+        if isinstance(value, dict) or value is None or schema.sections[plain]["open"]:
+            return None
+        return f"is a section of verl {schema.version}'s config, not a single value"
+    if schema.free_form(plain):
+        return None if add else ("is inside a free-form section of verl's config (handed on unread): "
+                                 "add it with '+' (Hydra refuses a new key without it)")
+    why = "a '+' adds it, but verl never reads it" if add else "verl's Hydra would refuse it"
+    return f"is not a key of verl {schema.version}'s config ({why}){_suggest(schema, plain) or OWN}"
+
+
+def check(flat: Dict[str, Any], version: Optional[str], extra_keys=(), blame=lambda key: "recipe") -> str:
+    """Refuse (RecipeError) the first bad verl override in FLAT (key as written -> value);
+    return one line on what they were checked against."""
+    schema, note = snapshot_for(version)
+    if schema is None:
+        return note
+    extra = tuple(k.lstrip("+") for k in extra_keys)
+    for key, value in flat.items():
+        plain = key.lstrip("+")
+        if any(plain == e or plain.startswith(e + ".") for e in extra):
+            continue
+        why = problem(schema, key, value)
+        if why:
+            raise RecipeError(why, where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}")
+    return f"checked against a snapshot of verl {schema.version}'s config{note}"
