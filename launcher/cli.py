@@ -13,7 +13,10 @@ from .errors import EXIT_BAD_INPUT, EXIT_FAILED, RecipeError, SlurmError
 
 EPILOG = """\
 Overrides use Hydra's grammar, e.g.  cluster.nodes=4  wandb.experiment=try2
-verl.overrides.trainer.total_epochs=2  +verl.overrides.data.seed=7
+verl.overrides.trainer.total_epochs=2  verl.overrides.data.seed=7
+A `+` adds a key verl's config lacks, which only free-form sections take, e.g.
++verl.overrides.actor_rollout_ref.model.override_config.attention_dropout=0.0
+(verl's keys are checked against a snapshot of its config: a typo is exit 2, with a suggestion).
 
 Exit codes: 0 ok, 1 a Slurm command failed, 2 bad input (nothing written, nothing queued).
 The W&B key comes from $WANDB_API_KEY, wandb.api_key_file or ~/.netrc; it is never written anywhere.
@@ -37,8 +40,9 @@ def _parser() -> argparse.ArgumentParser:
         return c
 
     recipe_cmd("render", "print the sbatch script a recipe renders to")
-    recipe_cmd("check", "validate a recipe, run verl's own checks on its overrides (in runtime.python), "
-                        "and show what would run (exit 0 valid, 2 invalid)")
+    recipe_cmd("check", "validate a recipe (verl's keys against a snapshot of verl's config), run verl's "
+                        "own checks on its overrides (in runtime.python, cached), and show what would run; "
+                        "the exit code is submit's verdict (0 it would queue, 2 it would refuse)")
     s = recipe_cmd("submit", "check (as `check`), write a run directory and submit the script with sbatch")
     s.add_argument("--local", action="store_true",
                    help="run the same script here, without Slurm: one node, this machine's GPUs "
@@ -127,32 +131,53 @@ def cmd_render(args) -> int:
 
 
 def cmd_check(args) -> int:
+    """Everything `submit` checks, in the same order, with what would run; the exit code and
+    the last line are `submit`'s verdict (a missing key: 2, as `submit` refuses)."""
     from .overrides import verl_args
-    from .secrets import find_key, needs_key, refuse_in_recipe, secret_values
+    from .secrets import SecretInRecipe, find_key, needs_key, require
 
     loaded = _load(args)
     r = loaded.recipe
-    refuse_in_recipe(r, secret_values(r, os.environ))
-    pre = _preflight(loaded, sys.stdout)
+    try:
+        require(r, os.environ)
+        refusal = None
+    except SecretInRecipe:  # at once: what would be shown holds the secret
+        raise
+    except RecipeError as e:  # shown last: what submit would say, after what it would run
+        refusal = e
+    try:
+        pre = _preflight(loaded, sys.stdout)
+    except RecipeError as e:
+        if refusal is None:
+            raise
+        print(f"preflight   {e}")
+        return _fail(f"error: {refusal}", EXIT_BAD_INPUT)
     c = r.cluster
     print(f"recipe      {r.source}")
     print(f"job         {r.job.name}: {c.nodes} node(s) x {c.gpus_per_node} GPU(s), "
           f"{c.cpus_per_task} CPUs per node" + (f", requeue (USR1 {c.signal_seconds} s before the limit)"
                                                if c.requeue else ""))
     print(f"entrypoint  {r.runtime.python} -m {r.verl.entrypoint}")
+    print(f"verl keys   {loaded.verl_keys}")
     print(f"W&B         project={r.wandb.project} entity={r.wandb.entity or '(key default)'} "
           f"experiment={r.experiment} logging={'on' if r.wandb.enabled else 'off'}")
     print(f"trace       backend={r.trace.backend} token2text={r.trace.token2text} "
           f"max_samples_per_step_per_worker={r.trace.max_samples_per_step_per_worker}")
     if needs_key(r):
-        src = find_key(r, os.environ)
-        print(f"W&B key     {src.where if src else 'MISSING: export WANDB_API_KEY, set wandb.api_key_file or use ~/.netrc'}")
+        try:
+            src = find_key(r, os.environ)
+            print(f"W&B key     {src.where if src else 'MISSING: export WANDB_API_KEY, set wandb.api_key_file or use ~/.netrc'}")
+        except RecipeError:  # a malformed key: said below
+            print("W&B key     refused (see below)")
     for name in r.secrets:
         print(f"secret      {name}: {'set' if os.environ.get(name) else 'NOT SET in your environment'}")
     print("verl args")
     for a in verl_args(r):
         print(f"  {a}")
-    print("ok" if pre.status == "ok" else f"ok (launcher checks only: verl's {pre.status})")
+    if refusal is not None:
+        return _fail(f"error: {refusal}", EXIT_BAD_INPUT)
+    print("ok: submit would queue this job" + ("" if pre.status in ("ok", "skipped") else
+                                                 f" (launcher checks only: verl's {pre.status})"))
     return 0
 
 

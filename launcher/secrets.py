@@ -24,7 +24,7 @@ from typing import Iterable, List, Mapping, Optional
 from urllib.parse import urlparse
 
 from .errors import RecipeError
-from .recipe import Recipe
+from .schema import Recipe
 
 KEY_ENV = "WANDB_API_KEY"
 DEFAULT_HOST = "api.wandb.ai"
@@ -110,7 +110,10 @@ def _check_format(value: str, where: str, key: str) -> None:
 def require(r: Recipe, environ: Mapping[str, str]) -> Optional[KeySource]:
     """Everything ``submit`` needs before it queues: the key (when W&B or Weave is on) and
     each declared secret in the environment, and none of their values inside the recipe."""
+    refuse_in_recipe(r, secret_values(r, environ))  # first: nothing of the recipe is shown after it
     src = find_key(r, environ)
+    if src and src.value:  # a key from ~/.netrc or wandb.api_key_file
+        refuse_in_recipe(r, [src.value])
     if src is None and needs_key(r):
         raise RecipeError(f"no W&B API key: export {KEY_ENV}, set wandb.api_key_file, or add "
                           f"{wandb_host(r)} to ~/.netrc (W&B logging or Weave tracing is on)",
@@ -119,15 +122,15 @@ def require(r: Recipe, environ: Mapping[str, str]) -> Optional[KeySource]:
         if not environ.get(name):
             raise RecipeError(f"declared secret ${name} is not set in your environment",
                               where=r.source, key="secrets")
-    values = [v for v in secret_values(r, environ) if v]
-    if src and src.value:
-        values.append(src.value)
-    refuse_in_recipe(r, values)
     return src
 
 
 def secret_values(r: Recipe, environ: Mapping[str, str]) -> List[str]:
     return [environ.get(KEY_ENV, "")] + [environ.get(n, "") for n in r.secrets]
+
+
+class SecretInRecipe(RecipeError):
+    """A secret's value inside the recipe: nothing of the recipe may be printed after it."""
 
 
 def refuse_in_recipe(r: Recipe, values: Iterable[str]) -> None:
@@ -138,7 +141,7 @@ def refuse_in_recipe(r: Recipe, values: Iterable[str]) -> None:
         return
     for key, text in _strings(dataclasses.asdict(r)):
         if any(v in text for v in values):
-            raise RecipeError("holds the value of a secret: pass secrets by name only "
+            raise SecretInRecipe("holds the value of a secret: pass secrets by name only "
                               "(export them; see `secrets` and wandb.api_key_file)", where=r.source, key=key)
 
 

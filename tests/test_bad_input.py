@@ -18,6 +18,7 @@ from conftest import RECIPES
 
 BASE = yaml.safe_load((RECIPES / "sandbox-demo.yaml").read_text())
 CMDLINE = "command line"
+VERL = "verl.entrypoint=verl.trainer.main_ppo"  # the demo's payload is a stand-in: verl's keys unchecked
 
 
 @dataclass
@@ -140,6 +141,23 @@ CASES = [
          edit=_set("verl.overrides", {**BASE["verl"]["overrides"], "reward.num_workers": "8"}),
          overrides=["verl.entrypoint=verl.trainer.main_ppo"]),
     Case("sbatch-arg-signal", key="cluster.sbatch_args[0]", edit=_set("cluster.sbatch_args", ["--signal=USR1@60"])),
+    # verl's keys, against the snapshot of its config (no verl needed): typos with and without
+    # `+`, a `+` for a key verl has, an unknown value, a wrong type, in the file and on the line.
+    *[Case(f"verl-{name}", key=key, where=where, edit=edit, overrides=[VERL, *ovs]) for name, key, where, edit, ovs in [
+        ("plus-typo", "verl.overrides.trainer.total_epoch", CMDLINE, None, ["+verl.overrides.trainer.total_epoch=2"]),
+        ("typo", "verl.overrides.trainer.total_epoch", CMDLINE, None, ["verl.overrides.trainer.total_epoch=2"]),
+        ("plus-existing", "verl.overrides.trainer.total_epochs", CMDLINE, None,
+         ["+verl.overrides.trainer.total_epochs=2"]),
+        ("unknown-estimator", "verl.overrides.algorithm.adv_estimator", CMDLINE, None,
+         ["verl.overrides.algorithm.adv_estimator=grop"]),
+        ("count-as-text", "verl.overrides.trainer.total_epochs", CMDLINE, None,
+         ["verl.overrides.trainer.total_epochs=two"]),
+        ("file-typo", "verl.overrides.data.max_prompt_lenght", "file",
+         _set("verl.overrides", {**BASE["verl"]["overrides"], "data.max_prompt_lenght": 512}), []),
+        ("free-form-without-plus", "verl.overrides.actor_rollout_ref.model.override_config.attention_dropout", "file",
+         _set("verl.overrides", {**BASE["verl"]["overrides"],
+                                 "actor_rollout_ref.model.override_config": {"attention_dropout": 0.0}}), []),
+    ]],
 ]
 
 
@@ -175,14 +193,15 @@ def _write_recipe(case: Case, d: Path, runs: Path) -> Path:
     return path
 
 
-def _run_rejected(cli, case: Case, command: str, d: Path, clean_env: dict) -> None:
-    """Run `verl-launch COMMAND` on the case in its own directory ``d`` and check the outcome."""
+def _run_rejected(cli, case: Case, command: tuple, d: Path, clean_env: dict) -> str:
+    """Run `verl-launch COMMAND` on the case in its own directory ``d`` and check the outcome;
+    return the verdict (the last line of stderr, with ``d`` as "<dir>")."""
     env, marker = _tripwire(d, clean_env)
     runs = d / "runs"
     recipe = _write_recipe(case, d, runs)
-    proc = cli(command, recipe, *case.overrides, env=env, cwd=d)
+    proc = cli(command[0], recipe, *case.overrides, *command[1:], env=env, cwd=d)
     err = proc.stderr
-    what = f"{command}: exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{err}"
+    what = f"{' '.join(command)}: exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{err}"
     assert proc.returncode == 2, what
     assert "Traceback" not in err, what
     assert err.startswith("error: "), what
@@ -193,16 +212,21 @@ def _run_rejected(cli, case: Case, command: str, d: Path, clean_env: dict) -> No
     assert not runs.exists(), f"{command}: wrote {list(runs.rglob('*'))}"
     # nothing else appeared where it ran (a relative paths.runs would land here)
     assert sorted(p.name for p in d.iterdir()) == ["bin", "recipes"], f"{command}: {list(d.iterdir())}"
+    return err.strip().splitlines()[-1].replace(str(d), "<dir>")
+
+
+COMMANDS = (("check",), ("submit",), ("submit", "--dry-run"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input(case, cli, tmp_path, clean_env):
-    # check and submit run side by side (each CLI start is ~0.5 s of imports)
+    # check, submit and submit --dry-run side by side (each CLI start is ~0.5 s of imports);
+    # check's verdict is submit's, word for word
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(_run_rejected, cli, case, command, tmp_path / command, clean_env)
-                   for command in ("check", "submit")]
-        for f in futures:
-            f.result()
+        futures = [pool.submit(_run_rejected, cli, case, command, tmp_path / "-".join(command), clean_env)
+                   for command in COMMANDS]
+        verdicts = [f.result() for f in futures]
+    assert len(set(verdicts)) == 1, verdicts
     # the default paths.runs (~/verl-launch/runs) under the test's HOME stays untouched too
     assert not (Path(clean_env["HOME"]) / "verl-launch").exists()
 
@@ -240,4 +264,35 @@ def test_submit_with_malformed_key(cli, tmp_path, sbatch_tripwire, bad_key):
     assert "WANDB_API_KEY" in proc.stderr
     assert bad_key not in proc.stderr and bad_key not in proc.stdout
     assert "Traceback" not in proc.stderr
+    assert not marker.exists() and not runs.exists()
+
+
+@pytest.mark.parametrize("what", ["no-key", "malformed-key", "secret-unset", "secret-in-recipe", "valid"])
+def test_check_gives_submits_verdict_on_the_environment(what, cli, tmp_path, clean_env):
+    """What only the environment decides (the W&B key, declared secrets): `check` exits as
+    `submit --dry-run` does, its last line the same error, after showing what would run."""
+    env, marker = _tripwire(tmp_path, clean_env)
+    overrides = []
+    if what == "no-key":
+        del env["WANDB_API_KEY"]
+    elif what == "malformed-key":
+        env["WANDB_API_KEY"] = "short"
+    elif what == "secret-unset":
+        overrides = ["secrets=[HF_TOKEN]"]
+    elif what == "secret-in-recipe":
+        env["HF_TOKEN"] = "hf_" + "s3cr3t" * 6
+        overrides = ["secrets=[HF_TOKEN]", f"env.OTHER={env['HF_TOKEN']}"]
+    recipe, runs = _demo(tmp_path)
+    check = cli("check", recipe, *overrides, env=env, cwd=tmp_path)
+    dry = cli("submit", recipe, *overrides, "--dry-run", env=env, cwd=tmp_path)
+    assert check.returncode == dry.returncode == (0 if what == "valid" else 2), (check.stderr, dry.stderr)
+    if what == "valid":
+        assert check.stdout.strip().splitlines()[-1] == "ok: submit would queue this job"
+    else:
+        last = check.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and last == dry.stderr.strip().splitlines()[-1], (check.stderr, dry.stderr)
+        # what would have run is shown before the verdict; not a recipe that holds a secret
+        assert ("verl args" in check.stdout) == (what != "secret-in-recipe"), check.stdout
+    for secret in (env.get("WANDB_API_KEY"), env.get("HF_TOKEN")):
+        assert not secret or secret not in check.stdout + check.stderr + dry.stderr
     assert not marker.exists() and not runs.exists()

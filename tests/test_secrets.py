@@ -88,8 +88,9 @@ def test_netrc_entry_for_the_wandb_host_is_a_key_source(cli, clean_env, tmp_path
     _netrc(clean_env, f"machine wandb.example.com\n  login user\n  password {wandb_key}\n", 0o600)
     env = _no_key_env(clean_env)
     # Only the entry for the recipe's W&B host counts.
-    proc = cli("check", DEMO, env=env)
-    assert proc.returncode == 0 and "W&B key     MISSING" in proc.stdout
+    proc = cli("check", DEMO, env=env)  # submit's verdict: no key, refused
+    assert proc.returncode == 2 and "W&B key     MISSING" in proc.stdout, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "WANDB_API_KEY" in proc.stderr
     proc = cli("check", DEMO, "wandb.base_url=https://wandb.example.com", env=env)
     assert proc.returncode == 0 and "~/.netrc (wandb.example.com)" in proc.stdout
     proc = cli("submit", DEMO, "wandb.base_url=https://wandb.example.com", "--dry-run", env=env)
