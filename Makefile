@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-bringup bench-inputs-check bench-bad-node clean
+.PHONY: install system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node clean
 
 install: $(VENV)/.installed
 
@@ -59,6 +59,9 @@ lint: install
 
 bench: install
 	$(PY) bench/render_bench.py
+
+bench-check: install
+	$(PY) bench/check_bench.py
 
 bench-bringup: install
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/bringup_bench.py

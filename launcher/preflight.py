@@ -9,7 +9,6 @@ stays light.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -17,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from . import preflight_cache
 from .checks import is_verl, verl_settings, whole
 from .verl_resources import DEFAULTS
 from .errors import RecipeError
 from .overrides import verl_args
-from .recipe import Recipe
+from .schema import Recipe
 from .verl_versions import NEWEST_CHECKED, same_series
 
 SCRIPT = Path(__file__).with_name("verl_preflight.py")
@@ -49,21 +49,27 @@ def run(r: Recipe, environ: Mapping[str, str]) -> Preflight:
     # Never the secrets: verl's config needs none of them.
     env = {k: v for k, v in environ.items() if not k.startswith("WANDB_") and k not in r.secrets}
     env.update(r.env)  # as on the nodes: an override may read one with ${oc.env:...}
-    with tempfile.TemporaryDirectory(prefix="verl-launch-preflight-") as cwd:
-        try:
-            proc = subprocess.run([python, "-c", SCRIPT.read_text()], input=json.dumps({"overrides": verl_args(r)}),
-                                  capture_output=True, text=True, cwd=cwd, env=env, timeout=TIMEOUT)
-        except subprocess.TimeoutExpired:
-            return Preflight("unavailable", f"verl's checks did not finish within {TIMEOUT} s: "
+    overrides, script = verl_args(r), SCRIPT.read_text()
+    entry = preflight_cache.key(python, env, overrides, script, r.env)
+    res = preflight_cache.get(environ, entry)
+    cached = res is not None
+    if not cached:
+        with tempfile.TemporaryDirectory(prefix="verl-launch-preflight-") as cwd:
+            try:
+                proc = subprocess.run([python, "-c", script], input=json.dumps({"overrides": overrides}),
+                                      capture_output=True, text=True, cwd=cwd, env=env, timeout=TIMEOUT)
+            except subprocess.TimeoutExpired:
+                return Preflight("unavailable", f"verl's checks did not finish within {TIMEOUT} s: "
+                                                "only the launcher's own checks ran")
+            except OSError as e:
+                return Preflight("unavailable", f"cannot run {python} ({e.strerror}): only the launcher's own checks ran")
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+        if not lines:
+            tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            return Preflight("unavailable", f"{python} could not run verl's checks ({tail}): "
                                             "only the launcher's own checks ran")
-        except OSError as e:
-            return Preflight("unavailable", f"cannot run {python} ({e.strerror}): only the launcher's own checks ran")
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
-    if not lines:
-        tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-        return Preflight("unavailable", f"{python} could not run verl's checks ({tail}): "
-                                        "only the launcher's own checks ran")
-    res = json.loads(lines[-1][len(RESULT):])
+        res = json.loads(lines[-1][len(RESULT):])
+        preflight_cache.put(environ, entry, res)
     version = res.get("verl_version")
     if res.get("stage") == "import":
         return Preflight("unavailable", f"verl is not importable with {python} ({res['error']}): "
@@ -84,6 +90,8 @@ def run(r: Recipe, environ: Mapping[str, str]) -> Preflight:
     note = "" if r.verl.version else f" (verl.version unset: the rules for verl {NEWEST_CHECKED} apply)"
     if other:  # verl.version unset, and this verl is not the series whose rules apply
         note += f"; this is not verl {NEWEST_CHECKED}'s series: set verl.version={version}"
+    if cached:
+        note += " (cached: this verl passed these overrides before)"
     return Preflight("ok", f"verl {version} with {python}: composed, validated, dataclasses built{note}",
                      verl_version=version, config=res.get("config") or {})
 

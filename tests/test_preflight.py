@@ -17,7 +17,9 @@ from test_bad_input import _tripwire
 GSM8K = RECIPES / "gsm8k-grpo.yaml"
 PY = f"runtime.python={sys.executable}"  # the interpreter with verl: the job's, here
 
-# (override, a piece of verl's own message). Each passes the launcher's checks; verl refuses it.
+# (override, a piece of verl's own message). verl refuses each; the launcher's snapshot check
+# refuses the typos, wrong types and unknown values first, so verl.extra_keys lets them through
+# to verl here (as for a fork's own keys): verl's checks stay the second line.
 REFUSED = [
     ("trainer.total_epoch=3", "Key 'total_epoch' is not in struct"),
     ("data.max_prompt_lenght=512", "Could not override 'data.max_prompt_lenght'"),
@@ -35,14 +37,19 @@ REFUSED = [
 ]
 
 
-def _check(cli, env, *overrides):
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+")
+
+
+def _check(cli, env, *overrides, extra=None):
     return cli("check", GSM8K, PY, *(f"verl.overrides.{o}" if not o.startswith("+") else
-                                     f"+verl.overrides.{o[1:]}" for o in overrides), env=env, timeout=300)
+                                     f"+verl.overrides.{o[1:]}" for o in overrides),
+               *([f"verl.extra_keys=[{extra}]"] if extra else []), env=env, timeout=300)
 
 
 def test_misspelt_or_invalid_verl_overrides_fail_check_with_verls_message(cli, clean_env):
     with ThreadPoolExecutor(2) as pool:  # each one composes verl's config in a fresh interpreter
-        results = list(pool.map(lambda case: _check(cli, clean_env, case[0]), REFUSED))
+        results = list(pool.map(lambda case: _check(cli, clean_env, case[0], extra=_key(case[0])), REFUSED))
     for (override, text), proc in zip(REFUSED, results):
         assert proc.returncode == 2, (override, proc.stdout[-500:], proc.stderr)
         assert "verl 0.9.1 rejects the overrides" in proc.stderr and text in proc.stderr, (override, proc.stderr)
@@ -51,10 +58,31 @@ def test_misspelt_or_invalid_verl_overrides_fail_check_with_verls_message(cli, c
 
 def test_submit_runs_the_preflight_first_and_queues_nothing(cli, clean_env, tmp_path):
     env, marker = _tripwire(tmp_path, clean_env)
-    proc = cli("submit", GSM8K, PY, "verl.overrides.trainer.total_epoch=3", f"paths.runs={tmp_path / 'runs'}",
+    proc = cli("submit", GSM8K, PY, "verl.overrides.data.train_batch_size=1000", f"paths.runs={tmp_path / 'runs'}",
                env=env, timeout=300)
-    assert proc.returncode == 2 and "Key 'total_epoch' is not in struct" in proc.stderr
+    assert proc.returncode == 2 and "must be divisible by minimal possible batch size" in proc.stderr
     assert not marker.exists() and not (tmp_path / "runs").exists()
+
+
+def test_verls_ok_is_cached_for_the_same_verl_and_overrides(cli, clean_env, tmp_path):
+    """check, then submit of the same recipe: verl is imported once. Another override list is
+    checked afresh, and a rejection leaves no entry."""
+    env, marker = _tripwire(tmp_path, clean_env)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
+    cache = tmp_path / "cache" / "verl-launch" / "preflight"
+    first = cli("check", GSM8K, PY, env=env, timeout=300)
+    assert first.returncode == 0 and "preflight   ok: verl 0.9.1" in first.stdout, first.stderr
+    assert "(cached" not in first.stdout and len(list(cache.glob("*.json"))) == 1
+    again = cli("submit", GSM8K, PY, "--dry-run", env=env, timeout=300)
+    assert again.returncode == 0 and "composed, validated, dataclasses built (cached" in again.stderr, again.stderr
+    other = cli("check", GSM8K, PY, "verl.overrides.trainer.total_epochs=2", env=env, timeout=300)
+    assert other.returncode == 0 and "(cached" not in other.stdout
+    assert len(list(cache.glob("*.json"))) == 2
+    bad = cli("check", GSM8K, PY, "verl.overrides.data.train_batch_size=1000", env=env, timeout=300)
+    assert bad.returncode == 2 and len(list(cache.glob("*.json"))) == 2
+    for entry in cache.glob("*.json"):  # verl's version and a few resolved values, no override
+        assert "total_epochs" not in entry.read_text() and env["WANDB_API_KEY"] not in entry.read_text()
+    assert not marker.exists()
 
 
 def test_every_shipped_recipe_passes_check(cli, clean_env):
