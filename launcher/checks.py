@@ -114,6 +114,8 @@ def check(r: Recipe, blame=lambda key: "recipe") -> str:
     if not is_verl(r):
         return f"not checked: entrypoint {r.verl.entrypoint} is not verl's"
     keys = verl_schema.check(flatten(r.verl.overrides, blame), r.verl.version, r.verl.extra_keys, blame)
+    if r.cluster.gpus_per_node < 1:
+        bad("cluster.gpus_per_node", "verl's trainer needs at least one GPU per node (it divides by it)")
     name = v.get("actor_rollout_ref.rollout.name")
     if name is None:
         bad("verl.overrides.actor_rollout_ref.rollout.name",
@@ -147,6 +149,28 @@ _OWN_DIRECTIVES = {"nodes", "ntasks-per-node", "ntasks", "gpus-per-node", "cpus-
                    "signal"}
 # Names the job sets itself, or secrets that must never sit in a recipe.
 _RESERVED_ENV = {"WANDB_API_KEY", "RAY_ADDRESS", "CUDA_VISIBLE_DEVICES"}
+# A name made of words that say "secret" (HF_TOKEN, OPENAI_API_KEY; not TOKENIZERS_PARALLELISM).
+_SECRET_WORD = re.compile(r"(^|_)(KEY|APIKEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)(_|$)", re.I)
+# W&B variables the job sets itself, and the recipe field each comes from (None: the job's own).
+_WANDB_ENV = {"WANDB_PROJECT": "wandb.project", "WANDB_NAME": "wandb.experiment", "WANDB_ENTITY": "wandb.entity",
+              "WANDB_BASE_URL": "wandb.base_url", "WANDB_HOST": "wandb.base_url", "WANDB_RUN_ID": None,
+              "WANDB_RESUME": None, "WANDB_ERROR_REPORTING": None}
+
+
+def _seconds(time: Optional[str]) -> Optional[int]:
+    """A Slurm time limit in seconds (None: none, or unlimited). Minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    if time is None or not _TIME.fullmatch(time) or time in ("UNLIMITED", "INFINITE"):
+        return None
+    days, _, rest = time.rpartition("-")
+    parts = [int(x) for x in rest.split(":")]
+    if days:  # D-H[:M[:S]]
+        h, m, s = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + h) * 60 + m) * 60 + s
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
 
 
 def validate(r: Recipe, blame) -> None:
@@ -193,6 +217,10 @@ def validate(r: Recipe, blame) -> None:
         bad("node_checks.min_free_gb", f"must be 0 (no check) or more, got {r.node_checks.min_free_gb}")
     if c.time is not None and not _TIME.fullmatch(c.time):
         bad("cluster.time", f"{c.time!r} is not a Slurm time (minutes, HH:MM:SS or D-HH:MM:SS)")
+    limit = _seconds(c.time)
+    if c.requeue and limit is not None and c.signal_seconds >= limit:
+        bad("cluster.signal_seconds", f"{c.signal_seconds} s before the limit is at or before the start: "
+                                      f"cluster.time={c.time} is {limit} s; give it less than that")
     if c.mem is not None and not _MEM.fullmatch(c.mem):
         bad("cluster.mem", f"{c.mem!r} is not a Slurm memory size (e.g. 0, 512G)")
     for i, a in enumerate(c.sbatch_args):
@@ -212,12 +240,17 @@ def validate(r: Recipe, blame) -> None:
     for k, v in r.env.items():
         if not _ENV_NAME.fullmatch(k):
             bad(f"env.{k}", "not a valid environment variable name")
-        if k in _RESERVED_ENV or k.startswith("SLURM_"):
-            why = ("a secret: export it in your shell or use wandb.api_key_file"
-                   if k == "WANDB_API_KEY" else "set by the job itself")
+        if k in _RESERVED_ENV or k.startswith("SLURM_") or k in _WANDB_ENV:
+            why = ("a secret: export it in your shell or use wandb.api_key_file" if k == "WANDB_API_KEY" else
+                   f"set by the job from {_WANDB_ENV[k]}: set that instead" if _WANDB_ENV.get(k) else
+                   "set by the job itself")
             bad(f"env.{k}", f"cannot be set in a recipe ({why})")
         if "\x00" in v:
             bad(f"env.{k}", "contains a NUL byte")
+        if _SECRET_WORD.search(k) and str(v).strip() and not str(v).startswith(("/", "~", "$")):
+            # `env` is written into the script in plain text; a path to a key file is fine
+            bad(f"env.{k}", "looks like a secret (its name): `env` is written into the job script in plain "
+                            f"text. List {k} in `secrets` and export it in your shell instead")
 
     for i, name in enumerate(r.secrets):
         if not _ENV_NAME.fullmatch(name) or name.startswith("SLURM_"):

@@ -23,6 +23,16 @@ The W&B key comes from $WANDB_API_KEY, wandb.api_key_file or ~/.netrc; it is nev
 """
 
 
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="verl-launch",
@@ -58,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="recent runs: job id, name, experiment, state, nodes, elapsed, run dir",
                         description="Recent runs from the run registry, with their Slurm state (one batched query).")
-    ls.add_argument("-n", type=int, default=20, metavar="N", help="how many runs (default 20)")
+    ls.add_argument("-n", type=_positive, default=20, metavar="N", help="how many runs (default 20)")
     ls.add_argument("--json", action="store_true", help="one JSON array")
     st = sub.add_parser("status", help="a run's Slurm state, in-job phase, exit code and W&B links",
                         description="A run's Slurm state, in-job phase, exit code and W&B links.")
@@ -88,21 +98,41 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+RECIPE_COMMANDS = ("render", "check", "submit")
+
+
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
+    """Flags anywhere, as people type them (`submit R --dry-run cluster.nodes=3`): what argparse
+    leaves after a flag is more overrides, in order; anything else is argparse's usage error."""
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command in RECIPE_COMMANDS and not any(a.startswith("-") for a in rest):
+        args.overrides += rest
+        return args
+    return parser.parse_args(argv)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parse(argv)
     try:
         own = {"render": cmd_render, "check": cmd_check, "submit": cmd_submit, "image": cmd_image}
         if args.command in own:
-            return own[args.command](args)
-        from . import jobs  # the job toolkit: not loaded for rendering
+            code = own[args.command](args)
+        else:
+            from . import jobs  # the job toolkit: not loaded for rendering
 
-        return getattr(jobs, f"cmd_{args.command}")(args)
+            code = getattr(jobs, f"cmd_{args.command}")(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then ours to handle
+        return code
     except RecipeError as e:
         return _fail(f"error: {e}", EXIT_BAD_INPUT)
     except SlurmError as e:
         return _fail(f"error: {e}", EXIT_FAILED)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`check R | head -1`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 def _fail(message: str, code: int) -> int:
@@ -263,6 +293,8 @@ def cmd_submit(args) -> int:
     print(f"  output   {info['stdout']}", file=out)
     print(f"  ray logs {info['logs']}", file=out)
     if not args.wait:
+        print(f"Follow it: verl-launch logs -f {done.job_id}   (state: verl-launch status {done.job_id}, "
+              f"stop: verl-launch cancel {done.job_id})", file=out)
         return 0
     final = _wait(done, out)
     info.update(state=final.get("JobState"), exit_code=final.get("ExitCode"))

@@ -65,7 +65,8 @@ def run(r: Recipe, environ: Mapping[str, str]) -> Preflight:
                 return Preflight("unavailable", f"cannot run {python} ({e.strerror}): only the launcher's own checks ran")
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
         if not lines:
-            tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:]) or \
+                f"exit code {proc.returncode}, no output: is it a Python interpreter?"
             return Preflight("unavailable", f"{python} could not run verl's checks ({tail}): "
                                             "only the launcher's own checks ran")
         res = json.loads(lines[-1][len(RESULT):])

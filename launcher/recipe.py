@@ -8,8 +8,10 @@ package's ``recipes/``), and command-line overrides use Hydra's grammar.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import typing
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,16 +47,21 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     ``${recipe_dir:}`` in a value is the recipe file's folder. ``verl.overrides.<key>=v`` sets verl key ``<key>`` whether the recipe writes it nested or
     dotted, and ``env.<NAME>=v`` may add a variable: neither needs Hydra's ``+``.
     """
-    path = Path(path)
     where = str(path)
+    path = Path(path)
     if not path.is_file():
         raise RecipeError("recipe file not found", where=where)
+    path = path.resolve()  # a link: its profiles (cluster/...) and files are beside the file itself
     if path.suffix != ".yaml":
         raise RecipeError("a recipe must be a .yaml file (Hydra composes only .yaml)", where=where)
-    overrides = list(overrides)
+    try:
+        path.open("rb").close()
+    except OSError as e:
+        raise RecipeError(f"cannot read it ({e.strerror})", where=where) from None
+    overrides = [_tilde(ov) for ov in overrides]
     # ${recipe_dir:} is the recipe's own folder, absolute: files shipped beside a recipe (a
     # tool config) are found from any working directory (on shared storage, from any node).
-    OmegaConf.register_new_resolver("recipe_dir", lambda: str(path.parent.resolve()), replace=True)
+    OmegaConf.register_new_resolver("recipe_dir", lambda: str(path.parent), replace=True)
     groups = _groups(path)
     hydra_ovs, verl_ovs = [], []
     for ov in overrides:
@@ -71,9 +78,13 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
             hydra_ovs.append("++" + ov)
     _parse_each(overrides)
     blame = _blamer(where, overrides, groups)
-    cfg = _compose(path, hydra_ovs, blame)
+    cfg = _compose(path, hydra_ovs, blame, where)
     plain = OmegaConf.to_container(cfg, resolve=False)
+    _shape(plain, Recipe, blame)
     _refuse_retyped(plain, blame)
+    runs = (plain.get("paths") or {}).get("runs")
+    if isinstance(runs, str) and runs.startswith("~"):  # before ${paths.runs} is resolved anywhere
+        plain["paths"]["runs"] = os.path.expanduser(runs)
     try:  # Hydra lets `+key=v` through: check the plain values against the schema again
         merged = OmegaConf.merge(OmegaConf.structured(Recipe), plain)
         # Interpolations resolve here, verl.overrides included; a `${` left after that
@@ -98,6 +109,35 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     verl_args(recipe, blame)  # a contradicting override is an error of the recipe
     keys = check(recipe, blame)
     return Loaded(recipe=recipe, config=merged, blame=blame, verl_keys=keys)
+
+
+def _shape(plain: dict, cls: type, blame, prefix: str = "") -> None:
+    """Every value where the schema has a section, a mapping or a list must be one (`cluster:
+    sunk` in the body, `runtime.setup=x`); an empty one (`env:` alone) is taken as empty."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in plain:
+            continue
+        key, value, kind = f"{prefix}{f.name}", plain[f.name], hints[f.name]
+        origin = typing.get_origin(kind)
+        if dataclasses.is_dataclass(kind):
+            if value is None:
+                del plain[f.name]  # `cluster:` with nothing under it: the defaults
+            elif isinstance(value, dict):
+                _shape(value, kind, blame, key + ".")
+            else:
+                names = ", ".join(g.name for g in dataclasses.fields(kind)[:4])
+                why = f"is a section ({names}, ...), not a value: write its keys under it"
+                if f.name == "cluster" and not prefix:
+                    why += (f"; a cluster profile is chosen in the recipe's defaults list (- cluster: {value}) "
+                            f"or on the command line (cluster={value})")
+                raise RecipeError(f"{why}; got {value!r}", where=blame(key), key=key)
+        elif origin in (dict, list):
+            if value is None:
+                plain[f.name] = {} if origin is dict else []
+            elif not isinstance(value, origin):
+                what = "a mapping (NAME: value, one per line)" if origin is dict else "a list ([a, b], or - a per line)"
+                raise RecipeError(f"must be {what}, got {value!r}", where=blame(key), key=key)
 
 
 def _refuse_retyped(plain: dict, blame) -> None:
@@ -129,20 +169,31 @@ def _parse_each(overrides: List[str]) -> None:
     parser = OverridesParser.create()
     for ov in overrides:
         try:
-            parser.parse_override(ov)
+            parsed = parser.parse_override(ov)
         except HydraException as e:
             msg = " ".join(str(e).split("See https://hydra.cc")[0].split())
             raise RecipeError(f"override {ov!r} is not Hydra syntax: {msg}", where="command line",
                               key=_key(ov)) from None
+        if parsed.is_sweep_override() and not _key(ov).startswith(_VERL_PREFIX):
+            raise RecipeError(f"override {ov!r} is a sweep (a,b / range() / choice()): one run takes one "
+                              "value. For a list write [a,b]; for text, quote it", where="command line",
+                              key=_key(ov))
+
+
+def _tilde(override: str) -> str:
+    """`paths.runs=~/r`: Hydra's grammar has no bare `~` in a value; quote it, as the user meant."""
+    key, eq, value = override.partition("=")
+    return f"{key}={hydra_value(value)}" if eq and value.startswith("~") else override
 
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
-def _compose(path: Path, overrides: List[str], blame) -> DictConfig:
+def _compose(path: Path, overrides: List[str], blame, shown: str) -> DictConfig:
     """Hydra composes the recipe (with its own defaults list) and the overrides; the schema
-    checks the result afterwards (composing it in costs Hydra ~0.1 s of copies)."""
+    checks the result afterwards (composing it in costs Hydra ~0.1 s of copies). PATH is the
+    recipe file itself (a link resolved); SHOWN, the name the user gave it."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
@@ -155,7 +206,7 @@ def _compose(path: Path, overrides: List[str], blame) -> DictConfig:
         with warnings.catch_warnings():
             # A recipe without `_self_` gets it last (its own values win): what users expect.
             warnings.filterwarnings("ignore", message=".*Defaults list is missing `_self_`")
-            with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base="1.3",
+            with initialize_config_dir(config_dir=str(path.parent), version_base="1.3",
                                        job_name="verl-launch"):
                 return compose(config_name=path.stem, overrides=[search, *lean, *overrides])
     except HydraException as e:
@@ -167,10 +218,21 @@ def _compose(path: Path, overrides: List[str], blame) -> DictConfig:
             raise RecipeError(_omegaconf_message(cause), where=blame(key), key=key) from None
         msg = str(e).split("\nSee https://hydra.cc")[0].split("\nConfig search path")[0]
         msg = " ".join(msg.split())
-        where = "command line" if _mentions_override(msg, overrides) else str(path)
-        raise RecipeError(msg, where=where) from None
+        if "must be a DictConfig" in msg:
+            msg = f"a recipe is a YAML mapping of sections (job:, cluster:, wandb:, ...), not a list or a value ({msg})"
+        raise RecipeError(msg, where=_source(msg, overrides, shown)) from None
     except (OmegaConfBaseException, ValueError, yaml.YAMLError) as e:  # e.g. YAML syntax errors
-        raise RecipeError(str(e).replace("\n", " ").strip(), where=str(path)) from None
+        msg = str(e).replace("\n", " ").strip()
+        raise RecipeError(msg, where=_source(msg, overrides, shown)) from None
+    except OSError as e:  # an unreadable recipe or profile
+        raise RecipeError(f"cannot read {e.filename or 'a file it uses'} ({e.strerror})", where=shown) from None
+
+
+def _source(msg: str, overrides: List[str], recipe_file: str) -> str:
+    """Where a composition error comes from: an override it names (or a group override's
+    value, `cluster=4`: only an override says "Config group override"), else the recipe."""
+    by_override = "Config group override" in msg or _mentions_override(msg, overrides)
+    return "command line" if by_override else recipe_file
 
 
 def _mentions_override(msg: str, overrides: List[str]) -> bool:

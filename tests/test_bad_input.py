@@ -141,6 +141,23 @@ CASES = [
          edit=_set("verl.overrides", {**BASE["verl"]["overrides"], "reward.num_workers": "8"}),
          overrides=["verl.entrypoint=verl.trainer.main_ppo"]),
     Case("sbatch-arg-signal", key="cluster.sbatch_args[0]", edit=_set("cluster.sbatch_args", ["--signal=USR1@60"])),
+    # A plain value where a section, mapping or list belongs; a recipe that is a list; a
+    # group override's bad value, blamed on the command line.
+    Case("cluster-profile-in-body", key="cluster: is a section", raw="defaults:\n  - cluster: sandbox\n  - _self_\n"
+         "job: {name: t}\nwandb: {project: p}\ncluster: sunk\n"),
+    Case("section-as-value", key="wandb: is a section", edit=_set("wandb", "x")),
+    Case("overrides-not-a-mapping", key="verl.overrides: must be a mapping", edit=_set("verl.overrides", 3)),
+    Case("setup-not-a-list", key="runtime.setup: must be a list", overrides=['runtime.setup="source x"'],
+         where=CMDLINE),
+    Case("recipe-is-a-list", key="a recipe is a YAML mapping", raw="- job\n- cluster\n"),
+    Case("group-override-value", key="Config group override", overrides=["cluster=4"], where=CMDLINE),
+    Case("sweep-override", key="is a sweep", overrides=["cluster.nodes=2,4"], where=CMDLINE),
+    Case("no-gpus-for-verl", key="cluster.gpus_per_node", overrides=[VERL, "cluster.gpus_per_node=0"], where=CMDLINE),
+    Case("env-secret-name", key="env.HF_TOKEN", overrides=["env.HF_TOKEN=hf_" + "a" * 30], where=CMDLINE),
+    Case("env-secret-name-in-file", key="env.OPENAI_API_KEY", edit=_set("env.OPENAI_API_KEY", "sk-" + "b" * 30)),
+    Case("env-wandb-project", key="wandb.project", overrides=["env.WANDB_PROJECT=other"], where=CMDLINE),
+    Case("signal-after-time-limit", key="cluster.signal_seconds",
+         overrides=["cluster.requeue=true", "cluster.time=10", "cluster.signal_seconds=600"], where=CMDLINE),
     # verl's keys, against the snapshot of its config (no verl needed): typos with and without
     # `+`, a `+` for a key verl has, an unknown value, a wrong type, in the file and on the line.
     *[Case(f"verl-{name}", key=key, where=where, edit=edit, overrides=[VERL, *ovs]) for name, key, where, edit, ovs in [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 import time
@@ -29,7 +30,12 @@ def _submit(cli, env, tmp_path, *overrides):
 
 def test_list_status_logs_and_cancel(cli, sandbox, env, tmp_path):
     a = _submit(cli, env, tmp_path)
-    b = _submit(cli, env, tmp_path, "verl.overrides.demo.hold=300", "job.name=long-one")
+    # as a person submits: the plain output names the job and the commands to follow it
+    plain = cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
+                f"paths.runs={tmp_path / 'runs'}", "verl.overrides.demo.hold=300", "job.name=long-one", env=env)
+    assert plain.returncode == 0, plain.stderr
+    b = {"job_id": re.search(r"^Submitted batch job (\d+)$", plain.stdout, re.M).group(1)}
+    assert f"Follow it: verl-launch logs -f {b['job_id']}" in plain.stdout, plain.stdout
     follow = cli("logs", a["job_id"], "-f", env=env, timeout=180)  # returns when the job ends
     assert follow.returncode == 0 and "phase driver-end (rc=0)" in follow.stdout
     st = json.loads(cli("status", a["job_id"], "--json", env=env).stdout)
