@@ -146,11 +146,18 @@ def _load(args):
     from .recipe import load
 
     overrides = list(args.overrides)
-    if getattr(args, "local", False):
-        from .local import local_overrides
+    if not getattr(args, "local", False):
+        return load(args.recipe, overrides)
+    from .local import local_overrides
 
-        overrides += local_overrides(os.environ)
-    return load(args.recipe, overrides)
+    asked = load(args.recipe, overrides).recipe.cluster
+    loaded = load(args.recipe, overrides + local_overrides(os.environ))
+    here = loaded.recipe.cluster
+    for name in ("nodes", "gpus_per_node"):  # say what --local changes, rather than change it silently
+        if getattr(asked, name) != getattr(here, name):
+            print(f"--local: cluster.{name}={getattr(here, name)} here (the recipe asks for {getattr(asked, name)})",
+                  file=sys.stderr)
+    return loaded
 
 
 def cmd_render(args) -> int:
@@ -267,11 +274,12 @@ def cmd_submit(args) -> int:
         _preflight(loaded, sys.stderr)
     req = plan(loaded)
     if args.dry_run:
+        command = f"bash {req.paths.SCRIPT} (here, without Slurm, in {req.paths.run_dir})" if args.local else str(req)
         if args.json:
-            print(json.dumps({"dry_run": True, "command": str(req), "run_dir": str(req.paths.run_dir),
+            print(json.dumps({"dry_run": True, "command": command, "run_dir": str(req.paths.run_dir),
                               "script": req.script}))
         else:
-            print(f"# would run: {req}")
+            print(f"# would run: {command}")
             sys.stdout.write(req.script)
         return 0
     if args.local:

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from pathlib import Path
 
-from .errors import SlurmError
+from .errors import RecipeError, SlurmError
 from .paths import RunPaths
 from .secrets import redact
 from . import registry, slurm
@@ -16,8 +17,9 @@ from . import registry, slurm
 
 def _run_or_fail(ref: str) -> dict:
     run = registry.find(ref)
-    if run is None:
-        raise SlurmError(f"no run with job id or run directory {ref!r} in {registry.registry_file()}")
+    if run is None:  # what was typed names nothing: bad input, as a bad recipe is
+        raise RecipeError(f"no run with job id or run directory {ref!r} in {registry.registry_file()}",
+                          where="command line")
     return run
 
 
@@ -53,9 +55,29 @@ def _states(runs: list) -> dict:
                 rec = json.loads(RunPaths(Path(run["run_dir"])).record.read_text())
             except (OSError, ValueError):
                 rec = {}
-            out[run["run_dir"]] = {"state": rec.get("final_state", "RUNNING"), "exit_code": rec.get("exit_code"),
+            state, reason = rec.get("final_state"), None
+            if state is None:
+                state, reason = _local_state(run, rec)
+            out[run["run_dir"]] = {"state": state, "exit_code": rec.get("exit_code"), "reason": reason,
                                    "source": "local"}
     return out
+
+
+def _local_state(run: dict, rec: dict) -> tuple:
+    """A local run without a final state: RUNNING while its runner lives (seen from its host);
+    else UNKNOWN, and why."""
+    if not Path(run["run_dir"]).is_dir():
+        return "UNKNOWN", "its run directory is gone"
+    runner = rec.get("runner") or run.get("runner") or {}
+    if runner.get("host") != socket.gethostname().split(".")[0] or not runner.get("pid"):
+        return "RUNNING", None  # another machine's (or an older record's): cannot tell from here
+    try:
+        cmdline = Path(f"/proc/{runner['pid']}/cmdline").read_bytes()
+    except OSError:
+        cmdline = b""
+    if b"launcher" in cmdline or b"verl-launch" in cmdline:
+        return "RUNNING", None
+    return "UNKNOWN", f"its runner (pid {runner['pid']}) ended without recording an end"
 
 
 def cmd_list(args) -> int:
@@ -68,9 +90,15 @@ def cmd_list(args) -> int:
     print(f"{'JOBID':>8}  {'NAME':<16} {'EXPERIMENT':<22} {'STATE':<14} {'NODES':>5} {'ELAPSED':>9}  RUN DIR")
     for r in rows:
         state = r["state"] + (f" r{r['restart']}" if r["restart"] else "")  # it restarted
-        print(f"{r['job_id']:>8}  {str(r['name'])[:16]:<16} {str(r['experiment'])[:22]:<22} "
-              f"{state[:14]:<14} {str(r['nodes']):>5} {r['elapsed']:>9}  {r['run_dir']}")
+        print(f"{r['job_id']:>8}  {_cut(r['name'], 16):<16} {_cut(r['experiment'], 22):<22} "
+              f"{_cut(state, 14):<14} {str(r['nodes']):>5} {r['elapsed']:>9}  {r['run_dir']}")
     return 0
+
+
+def _cut(value, width: int) -> str:
+    """VALUE in WIDTH columns; a longer one ends in an ellipsis, so a cut is never mistaken for a name."""
+    text = str(value)
+    return text if len(text) <= width else text[:width - 1] + "\u2026"
 
 
 def wandb_links(run: dict) -> dict:
@@ -91,7 +119,7 @@ def cmd_status(args) -> int:
     if args.json:
         print(redact(json.dumps(row)))
         return 0
-    state = row["state"] + (f" ({row['reason']})" if row["state"] == "PENDING" and row["reason"] else "")
+    state = row["state"] + (f" ({row['reason']})" if row["state"] in ("PENDING", "UNKNOWN") and row["reason"] else "")
     print(f"job        {row['job_id']} ({row['name']}, experiment {row['experiment']})")
     ended = row["state"] in slurm.TERMINAL
     print(f"state      {state}" + (f", exit code {row['exit_code']}" if ended and row["exit_code"] else ""))
@@ -131,6 +159,10 @@ def _log_file(run: dict, args) -> Path:
 def cmd_logs(args) -> int:
     run = _run_or_fail(args.ref)
     path = _log_file(run, args)
+    if not args.follow and not path.exists():  # as --driver and --node say: nothing to print yet
+        info = None if run.get("local") else slurm.job_info(run["job_id"])
+        state = f" (job {info.get('JobState')})" if info else ""
+        raise SlurmError(f"no output yet{state}: {path} (logs -f waits for it)")
     pos = 0
     last_check = 0.0
     while True:

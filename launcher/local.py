@@ -100,7 +100,8 @@ def run(req: SubmitRequest, r, environ: Mapping[str, str], out: TextIO = sys.std
     env = dict(environ, PATH=f"{shims}{os.pathsep}{environ.get('PATH', '')}", SLURM_JOB_ID=job_id,
                SLURM_JOB_NODELIST=host, SLURMD_NODENAME=host, SLURM_CPUS_PER_TASK=str(r.cluster.cpus_per_task),
                SLURM_RESTART_COUNT="0", **{MARKER: job_id})
-    record = record_run(req, job_id, local=True)
+    record = record_run(req, job_id, local=True, command=f"bash {p.SCRIPT} (here, without Slurm)",
+                        runner={"host": host, "pid": os.getpid()})
     t0 = time.time()
     proc = subprocess.Popen(["bash", p.SCRIPT], cwd=p.run_dir, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

@@ -100,7 +100,8 @@ def schedule(req: SubmitRequest, environ: Optional[Mapping[str, str]] = None) ->
 def record_run(req: SubmitRequest, job_id: str, **extra) -> dict:
     """run.json in the run directory, and a line in the registry."""
     record = dict(req.meta, job_id=job_id, run_dir=str(req.paths.run_dir), command=str(req),
-                  submitted=time.time(), **extra)
+                  submitted=time.time())
+    record.update(extra)  # a local run names its own command and runner
     req.paths.write_record(record)
     registry.record(record)
     return record
@@ -197,7 +198,11 @@ def _run(cmd: List[str], timeout_ok: bool = False) -> Optional[subprocess.Comple
 def _controller_jobs() -> dict:
     """Every job slurmctld still remembers (queued, running, recently ended): one call."""
     out = {}
-    for line in _run(["scontrol", "show", "job", "--oneliner"]).stdout.splitlines():
+    proc = _run(["scontrol", "show", "job", "--oneliner"])
+    if proc.returncode != 0:  # not "no jobs": slurmctld did not answer; every state would be a guess
+        why = " ".join(proc.stderr.split()) or f"exit code {proc.returncode}"
+        raise SlurmError(f"could not ask Slurm for the jobs' states (scontrol: {why})")
+    for line in proc.stdout.splitlines():
         info = _fields(line)
         if "JobId" in info:
             out[info["JobId"]] = {"state": info.get("JobState", "UNKNOWN"), "exit_code": info.get("ExitCode"),

@@ -55,7 +55,7 @@ def test_list_status_logs_and_cancel(cli, sandbox, env, tmp_path):
     assert json.loads(Path(b["run_dir"], "run.json").read_text())["final_state"] == "CANCELLED"
     assert json.loads(cli("status", b["job_id"], "--json", env=env).stdout)["state"] == "CANCELLED"
     unknown = cli("status", "999999", env=env)
-    assert unknown.returncode == 1 and "no run" in unknown.stderr
+    assert unknown.returncode == 2 and "no run" in unknown.stderr
 
 
 def test_submit_wait_reports_the_end_and_exit_code(cli, sandbox, env, tmp_path):
