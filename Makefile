@@ -42,7 +42,10 @@ sandbox-down:
 demo: system-deps install
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && \
 	export WANDB_API_KEY="$${WANDB_API_KEY:-sandbox-$$($(PY) -c 'import secrets; print(secrets.token_hex(24))')}" && \
-	$(VENV)/bin/verl-launch submit recipes/sandbox-demo.yaml runtime.python=$(abspath $(PY)) --wait
+	out=$$($(VENV)/bin/verl-launch submit recipes/sandbox-demo.yaml runtime.python=$(abspath $(PY)) --wait --json); \
+	rc=$$?; job=$$(printf '%s' "$$out" | $(PY) -c 'import json, sys; print(json.load(sys.stdin)["job_id"])') && \
+	echo "--- the payload's report (verl-launch logs $$job --driver):" && $(VENV)/bin/verl-launch logs "$$job" --driver; \
+	exit $$rc
 
 # verl's own trainer on the sandbox, with a test-only CPU platform: it stops, by design, at
 # verl's rollout engine (vLLM needs a GPU). See README, "verl's own trainer on the sandbox".

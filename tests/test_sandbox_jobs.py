@@ -39,6 +39,10 @@ def test_two_node_job_completes_with_ray_on_both_nodes(demo_job, wandb_key):
     info, state, _ = demo_job
     out = Path(info["stdout"]).read_text()
     assert state == "COMPLETED", out
+    # a clean end reads clean: Ray's steps stopped, not killed (no srun errors, no CANCELLED)
+    assert "srun: error" not in out and "CANCELLED" not in out and "Killed" not in out, out[-2000:]
+    workers = Path(info["run_dir"], "logs", "ray-workers-srun.r0.log")
+    assert not workers.exists() or "error" not in workers.read_text(), workers.read_text()
     report = json.loads((Path(info["run_dir"]) / "demo-report.r0.json").read_text())
     hosts = [n["hostname"] for n in report["nodes"]]
     assert hosts == ["node1", "node2"], report["nodes"]
