@@ -332,9 +332,17 @@ def _wait(done, out) -> dict:
     from .slurm import watch
 
     t0 = time.monotonic()
+    live = out.isatty()  # a terminal: the driver's progress is one line, rewritten in place
+    open_line = [False]
 
     def show(text: str) -> None:
-        print(redact(f"  [{time.monotonic() - t0:6.1f}s] {text}"), file=out, flush=True)
+        line = redact(f"  [{time.monotonic() - t0:6.1f}s] {text}")
+        if live and text.startswith("RUNNING: driver-start - "):
+            print(f"\r\033[K{line}", end="", file=out, flush=True)
+            open_line[0] = True
+            return
+        print(("\n" if open_line[0] else "") + line, file=out, flush=True)
+        open_line[0] = False
 
     try:
         final = watch(done.job_id, done.paths, show)

@@ -11,7 +11,8 @@ after reporting (to show a failing entrypoint), ``demo.hold=S`` sleeps S seconds
 ``demo.trace=true`` runs verl's real rollout-tracing code in a Ray actor on every node (see
 ``trace_on_every_node``); it needs verl and weave on the nodes. ``demo.stuck=N`` then waits on
 an actor that asks for N CPUs (more than a node has: work the job's watchdog must catch).
-``demo.raise_with_env=NAME`` raises an exception whose message holds that variable's value.
+``demo.train_steps=N`` prints N training steps as verl's trainer and console logger do, one
+every ``demo.step_seconds`` (default 1). ``demo.raise_with_env=NAME`` raises an exception whose message holds that variable's value.
 """
 
 from __future__ import annotations
@@ -184,6 +185,16 @@ def main(argv: list) -> int:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         print(f"waiting on an actor that needs {stuck} CPUs (demo.stuck)", flush=True)
         ray.get(TooBig.remote().ping.remote())
+    steps = int(overrides.get("demo.train_steps", 0))
+    if steps:  # a training run's console, in verl's own words (its trainer's line, its logger)
+        from verl.utils.logger.aggregate_logger import LocalLogger
+
+        print(f"Total training steps: {steps}", flush=True)
+        console, pace = LocalLogger(print_to_console=True), float(overrides.get("demo.step_seconds", 1))
+        for step in range(1, steps + 1):
+            t0 = time.monotonic()
+            time.sleep(pace)
+            console.log({"timing_s/step": round(time.monotonic() - t0, 3), "actor/pg_loss": 0.5 / step}, step=step)
     hold = float(overrides.get("demo.hold", 0))
     if os.environ.get("SLURM_RESTART_COUNT", "0") == "0":  # the first run only: a requeued one ends
         hold = hold or float(overrides.get("demo.hold_first", 0))

@@ -100,18 +100,46 @@ def snapshot():
     return list(nodes.values()), actors, pgs, queued
 
 
-def training_step():
-    """The last `step:N` verl's console logger printed, from the driver log's tail."""
+total_steps, head_read = None, 0
+
+
+def training():
+    """(step, total, seconds per step) from the driver log: the last `step:N` verl's console
+    logger printed and its `timing_s/step` (the mean of the last five), and the `Total training
+    steps: N` verl's trainer prints at its start (looked for in the log's first MiB)."""
+    global total_steps, head_read
     try:
+        size = os.path.getsize(driver_log)
         with open(driver_log, "rb") as f:
-            f.seek(max(0, os.path.getsize(driver_log) - 65536))
-            found = re.findall(rb"\bstep:(\d+)\b", f.read())
-        return int(found[-1]) if found else None
+            if total_steps is None and head_read < min(size, 1 << 20):
+                head = f.read(1 << 20)
+                head_read = len(head)
+                found = re.findall(rb"Total training steps: (\d+)", head)
+                total_steps = int(found[-1]) if found else None
+            f.seek(max(0, size - 65536))
+            lines = re.findall(rb"\bstep:(\d+)\b([^\n]*)", f.read())
     except OSError:
-        return None
+        return None, total_steps, None
+    if not lines:
+        return None, total_steps, None
+    times = [float(t) for _, rest in lines[-5:] for t in re.findall(rb"timing_s/step:([0-9.eE+-]+)", rest)]
+    return int(lines[-1][0]), total_steps, (sum(times) / len(times) if times else None)
 
 
-def summary(actors, pgs, step):
+def progress(step, total, per_step):
+    """"training step 3/120, 12.3 s/step, ETA 0:24:36" (what is known of it)."""
+    if step is None:
+        return ""
+    text = f"training step {step}" + (f"/{total}" if total else "")
+    if per_step:
+        text += f", {per_step:.1f} s/step"
+        if total and total > step:
+            eta = int((total - step) * per_step)
+            text += f", ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}"
+    return text
+
+
+def summary(actors, pgs, train):
     alive = Counter(a["class"] for a in actors if a["state"] == "ALIVE")
     where = {c: sorted({a["host"] for a in actors if a["class"] == c and a["state"] == "ALIVE"}) for c in alive}
     waiting = sum(a["state"] in ("PENDING_CREATION", "RESTARTING") for a in actors)
@@ -122,7 +150,8 @@ def summary(actors, pgs, step):
     pending = sum(p["state"] in ("PENDING", "RESCHEDULING") for p in pgs)
     if pgs:
         text += f"; placement groups {len(pgs) - pending} placed, {pending} waiting"
-    return text + (f"; training step {step}" if step is not None else "")
+    done = progress(*train)
+    return text + (f"; {done}" if done else "")
 
 
 def fits(need, node, key="total"):
@@ -176,9 +205,11 @@ while True:
         time.sleep(poll)
         continue
     now = time.monotonic()
-    step = training_step()
-    text = summary(actors, pgs, step)
-    state = {"summary": text, "step": step, "nodes": nodes, "actors": actors, "placement_groups": pgs}
+    train = training()
+    step = train[0]
+    text = summary(actors, pgs, train)
+    state = {"summary": text, "step": step, "total_steps": train[1], "seconds_per_step": train[2],
+             "nodes": nodes, "actors": actors, "placement_groups": pgs}
     if state != last_state:
         tmp = state_file + ".tmp"
         with open(tmp, "w") as f:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -135,3 +136,35 @@ def test_script_without_key_stops_at_once(sandbox, tmp_path, cli, clean_env):
     out = (tmp_path / f"slurm-{job}.out").read_text()
     assert "WANDB_API_KEY is not set" in out
     assert "phase nodes" not in out  # stopped before touching the nodes
+
+
+def test_wait_shows_training_progress_live_on_a_terminal(sandbox, wandb_key, tmp_path):
+    """verl's step out of its total, the time per step and an ETA, from the driver's log (the
+    payload prints them with verl's own console logger); on a terminal one line, rewritten."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "SLURM_"))}
+    env.update(WANDB_API_KEY=wandb_key, VERL_LAUNCH_STATE=str(tmp_path / "state"))
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", str(RECIPES / "sandbox-demo.yaml"),
+                             f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}", "cluster.nodes=1",
+                             "verl.overrides.demo.train_steps=6", "verl.overrides.demo.step_seconds=2", "--wait"],
+                            env=sandbox.env(env), stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # the other end closed: the CLI is done
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert proc.wait(timeout=300) == 0, out.decode(errors="replace")[-3000:]
+    text = out.decode(errors="replace")
+    assert re.search(r"training step [1-5]/6, 2\.\d s/step, ETA 0:00:\d\d", text), text[-3000:]
+    # the progress rewrites its line (\r, erase) rather than adding one per update
+    assert "\r\x1b[K" in text and "COMPLETED exit code 0:0" in text
