@@ -185,6 +185,12 @@ def validate(r: Recipe, blame) -> None:
         bad("cluster.nodes", f"must be at least 1, got {c.nodes}")
     if c.gpus_per_node < 0:
         bad("cluster.gpus_per_node", f"must be 0 or more, got {c.gpus_per_node}")
+    if c.gpu_type is not None:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", c.gpu_type):
+            bad("cluster.gpu_type", f"{c.gpu_type!r} is not a Slurm gres type (letters, digits, '_', '.', '-'; "
+                                    "e.g. h100, as in `sinfo -o %G`)")
+        if c.gpus_per_node == 0:
+            bad("cluster.gpu_type", "is set, but cluster.gpus_per_node is 0: no GPUs are asked for")
     if c.cpus_per_task < 1:
         bad("cluster.cpus_per_task", f"must be at least 1, got {c.cpus_per_task}")
     if c.ready_timeout < 10:
@@ -229,7 +235,8 @@ def validate(r: Recipe, blame) -> None:
         opt = a[2:].split("=", 1)[0]
         if any(own.startswith(opt) for own in _OWN_DIRECTIVES):
             bad(f"cluster.sbatch_args[{i}]", f"--{opt} is (a prefix of) an option the launcher sets or "
-                                             "forbids; use the cluster.* fields")
+                                             "forbids; use the cluster.* fields (GPUs: cluster.gpus_per_node "
+                                             "and cluster.gpu_type)")
 
     if not r.runtime.python.strip() or _CONTROL.search(r.runtime.python):
         bad("runtime.python", "must be a non-empty interpreter path or name")

@@ -106,8 +106,10 @@ def wandb_links(run: dict) -> dict:
     if not project:
         return {}
     base = (run.get("wandb_base_url") or "https://wandb.ai").rstrip("/").replace("://api.wandb.ai", "://wandb.ai")
-    if not entity:
-        return {"project": f"{base}/<your default entity>/{project}"}
+    if not entity:  # W&B files the run under the key's default entity, which only W&B knows
+        return {"project": f"{base}/<entity>/{project} (no wandb.entity: the run is under your W&B key's "
+                           f"default entity, shown at {base}/settings; set wandb.entity to get full links)",
+                "traces": f"{base}/<entity>/{project}/weave/traces"}
     return {"project": f"{base}/{entity}/{project}", "traces": f"{base}/{entity}/{project}/weave/traces"}
 
 
@@ -146,6 +148,9 @@ def _log_file(run: dict, args) -> Path:
         return p.stdout(run["job_id"])
     if args.driver:
         pattern = "driver.r*.log"
+    elif _nodes(p) and args.node not in _nodes(p):  # a typo would print the head's log
+        raise RecipeError(f"--node {args.node}: run {run['job_id']} ran on {', '.join(_nodes(p))}",
+                          where="command line")
     elif list(p.logs.glob(f"ray-worker-{args.node}.r*.log")):
         pattern = f"ray-worker-{args.node}.r*.log"
     else:  # the head has no worker log of its own
@@ -154,6 +159,14 @@ def _log_file(run: dict, args) -> Path:
     if not logs:
         raise SlurmError(f"no log matching {p.logs / pattern} (yet)")
     return logs[-1]
+
+
+def _nodes(p: RunPaths) -> list:
+    """The run's nodes (its latest run's), from the job's own list; [] before it wrote one."""
+    try:
+        return [line.split()[0] for line in (p.logs / p.NODES).read_text().splitlines() if line.split()]
+    except OSError:
+        return []
 
 
 def cmd_logs(args) -> int:

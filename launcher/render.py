@@ -50,7 +50,7 @@ def directives(r: Recipe) -> List[str]:
     d = [f"--job-name={r.job.name}", f"--nodes={c.nodes}", "--ntasks-per-node=1",
          f"--cpus-per-task={c.cpus_per_task}"]
     if c.gpus_per_node:
-        d.append(f"--gpus-per-node={c.gpus_per_node}")
+        d.append(f"--gpus-per-node={c.gpu_type + ':' if c.gpu_type else ''}{c.gpus_per_node}")
     for name in ("mem", "partition", "account", "qos", "time", "constraint"):
         if getattr(c, name) is not None:
             d.append(f"--{name}={getattr(c, name)}")

@@ -25,6 +25,7 @@ class Job:
 class Cluster:
     nodes: int = 1
     gpus_per_node: int = 8
+    gpu_type: Optional[str] = None  # the cluster's gres type, e.g. h100: --gpus-per-node=h100:8
     cpus_per_task: int = 32
     mem: Optional[str] = None  # sbatch --mem, e.g. "0" (all) or "512G"
     partition: Optional[str] = None

@@ -134,3 +134,11 @@ def test_status_of_a_local_run_whose_runner_or_directory_is_gone(cli, clean_env,
                             "job_name": "a-very-long-job-name-indeed", "experiment": "short"}) + "\n")
     table = cli("list", env=env).stdout
     assert "a-very-long-job\u2026 short " in table, table
+    # no wandb.entity: status says where the run is, and how to find the entity
+    with open(state / "runs.jsonl", "a") as f:
+        f.write(json.dumps({"job_id": "10", "run_dir": str(kept), "local": True, "runner": runner,
+                            "project": "proj"}) + "\n")
+    links = cli("status", "10", env=env).stdout
+    assert "W&B project https://wandb.ai/<entity>/proj (no wandb.entity: the run is under your W&B key's " \
+           "default entity, shown at https://wandb.ai/settings" in links, links
+    assert "W&B traces  https://wandb.ai/<entity>/proj/weave/traces" in links, links

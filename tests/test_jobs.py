@@ -34,7 +34,8 @@ def test_list_status_logs_and_cancel(cli, sandbox, env, tmp_path):
     plain = cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
                 f"paths.runs={tmp_path / 'runs'}", "verl.overrides.demo.hold=300", "job.name=long-one", env=env)
     assert plain.returncode == 0, plain.stderr
-    b = {"job_id": re.search(r"^Submitted batch job (\d+)$", plain.stdout, re.M).group(1)}
+    b = {"job_id": re.search(r"^Submitted batch job (\d+)$", plain.stdout, re.M).group(1),
+         "run_dir": re.search(r"^  run dir  (\S+)$", plain.stdout, re.M).group(1)}
     assert f"Follow it: verl-launch logs -f {b['job_id']}" in plain.stdout, plain.stdout
     follow = cli("logs", a["job_id"], "-f", env=env, timeout=180)  # returns when the job ends
     assert follow.returncode == 0 and "phase driver-end (rc=0)" in follow.stdout
@@ -45,6 +46,8 @@ def test_list_status_logs_and_cancel(cli, sandbox, env, tmp_path):
     driver = cli("logs", a["job_id"], "--driver", env=env)
     assert "verl-launch sandbox demo" in driver.stdout
     assert "169.254.77.12" in cli("logs", a["job_id"], "--node", "node2", env=env).stdout  # its own address
+    typo = cli("logs", a["job_id"], "--node", "node9", env=env)  # not the head's log: an error
+    assert typo.returncode == 2 and "ran on node1, node2" in typo.stderr and not typo.stdout, typo.stderr
     rows = json.loads(cli("list", "--json", env=env).stdout)
     assert [r["job_id"] for r in rows] == [b["job_id"], a["job_id"]]
     assert rows[0]["name"] == "long-one" and rows[0]["state"] in ("PENDING", "RUNNING")

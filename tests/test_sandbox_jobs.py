@@ -168,3 +168,18 @@ def test_wait_shows_training_progress_live_on_a_terminal(sandbox, wandb_key, tmp
     assert re.search(r"training step [1-5]/6, 2\.\d s/step, ETA 0:00:\d\d", text), text[-3000:]
     # the progress rewrites its line (\r, erase) rather than adding one per update
     assert "\r\x1b[K" in text and "COMPLETED exit code 0:0" in text
+
+
+def test_a_gpu_type_is_asked_for_as_slurm_knows_it(cli, sandbox, clean_env, tmp_path):
+    """cluster.gpu_type: the sandbox's GPUs have a gres type (simgpu), as real clusters' do; a
+    typed request runs, and a type the cluster lacks is refused by sbatch (exit 1, its words)."""
+    env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
+    args = ["submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
+            f"paths.runs={tmp_path / 'runs'}", "cluster.nodes=1"]
+    info = submit_json(cli(*args, "cluster.gpu_type=simgpu", "--json", env=env))
+    assert "#SBATCH --gpus-per-node=simgpu:2" in Path(info["script"]).read_text()
+    assert sandbox.wait(info["job_id"]) == "COMPLETED"
+    other = cli(*args, "cluster.gpu_type=a100", env=env)
+    assert other.returncode == 1 and "sbatch" in other.stderr, other.stderr
+    assert "Requested node configuration is not available" in other.stderr or "Invalid generic resource" in \
+        other.stderr, other.stderr

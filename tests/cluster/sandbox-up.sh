@@ -22,6 +22,7 @@ NODES=${SANDBOX_NODES:-4}               # 1..9
 CPUS=${SANDBOX_CPUS:-128}               # declared per node; big so realistic recipes schedule
 MEM_MB=${SANDBOX_MEM_MB:-1024000}       # declared RealMemory per node; not enforced (CR_Core)
 GPUS=${SANDBOX_GPUS:-8}                 # fake GPUs per node (0 = none)
+GPU_TYPE=${SANDBOX_GPU_TYPE:-simgpu}     # their gres type: a typed request (cluster.gpu_type) works as on real clusters
 NET=${SANDBOX_NET:-netns}               # netns | loopback
 SUBNET=${SANDBOX_SUBNET:-169.254.77}    # link-local: never collides with a real network
 CTLD_PORT=${SANDBOX_CTLD_PORT:-6817}
@@ -197,14 +198,14 @@ EOF
   for ((i = 1; i <= NODES; i++)); do
     extra=""
     if [ "$NET" = loopback ]; then extra+=" Port=$((SLURMD_PORT + i - 1))"; fi
-    if [ "$GPUS" -gt 0 ]; then extra+=" Gres=gpu:$GPUS"; fi
+    if [ "$GPUS" -gt 0 ]; then extra+=" Gres=gpu:$GPU_TYPE:$GPUS"; fi
     echo "NodeName=node$i NodeAddr=$(node_ip "$i") CPUs=$CPUS RealMemory=$MEM_MB$extra State=UNKNOWN"
   done
   echo "PartitionName=$PARTITION Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO"
 } > "$CONF"
 {
   echo AutoDetect=off
-  if [ "$GPUS" -gt 0 ]; then echo "Name=gpu File=$DEV/nvidia[0-$((GPUS - 1))]"; fi
+  if [ "$GPUS" -gt 0 ]; then echo "Name=gpu Type=$GPU_TYPE File=$DEV/nvidia[0-$((GPUS - 1))]"; fi
 } > "$ETC/gres.conf"
 
 if [ "$LINK_ETC" = 1 ]; then
