@@ -157,8 +157,13 @@ def _refuse_retyped(plain: dict, blame) -> None:
 
 def _groups(path: Path) -> set:
     """Config groups (folders) a `group=choice` override may name."""
-    dirs = [path.parent, shipped_recipes_dir()]
-    return {d.name for base in dirs if base.is_dir() for d in base.iterdir() if d.is_dir()}
+    found = set()
+    for base in (path.parent, shipped_recipes_dir()):
+        try:
+            found |= {d.name for d in base.iterdir() if d.is_dir()}
+        except OSError:  # a folder that cannot be listed offers no groups (Hydra then says what is missing)
+            continue
+    return found
 
 
 def _parse_each(overrides: List[str]) -> None:
