@@ -43,7 +43,7 @@ demo: system-deps install
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && \
 	export WANDB_API_KEY="$${WANDB_API_KEY:-sandbox-$$($(PY) -c 'import secrets; print(secrets.token_hex(24))')}" && \
 	out=$$($(VENV)/bin/verl-launch submit recipes/sandbox-demo.yaml runtime.python=$(abspath $(PY)) --wait --json); \
-	rc=$$?; job=$$(printf '%s' "$$out" | $(PY) -c 'import json, sys; print(json.load(sys.stdin)["job_id"])') && \
+	rc=$$?; job=$$(printf '%s' "$$out" | $(PY) -c 'import json, sys; print(json.load(sys.stdin)["job_id"])' 2>/dev/null) && \
 	echo "--- the payload's report (verl-launch logs $$job --driver):" && $(VENV)/bin/verl-launch logs "$$job" --driver; \
 	exit $$rc
 
