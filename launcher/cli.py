@@ -18,6 +18,7 @@ A `+` adds a key verl's config lacks, which only free-form sections take, e.g.
 +verl.overrides.actor_rollout_ref.model.override_config.attention_dropout=0.0
 (verl's keys are checked against a snapshot of its config: a typo is exit 2, with a suggestion).
 
+Flags may come anywhere among the overrides (submit R --dry-run cluster.nodes=3).
 Exit codes: 0 ok, 1 a Slurm command failed, 2 bad input (nothing written, nothing queued).
 The W&B key comes from $WANDB_API_KEY, wandb.api_key_file or ~/.netrc; it is never written anywhere.
 """
