@@ -149,7 +149,7 @@ def _log_file(run: dict, args) -> Path:
     if args.driver:
         pattern = "driver.r*.log"
     elif _nodes(p) and args.node not in _nodes(p):  # a typo would print the head's log
-        raise RecipeError(f"--node {args.node}: run {run['job_id']} ran on {', '.join(_nodes(p))}",
+        raise RecipeError(f"--node {args.node}: run {run['job_id']} ran on {', '.join(sorted(_nodes(p)))}",
                           where="command line")
     elif list(p.logs.glob(f"ray-worker-{args.node}.r*.log")):
         pattern = f"ray-worker-{args.node}.r*.log"
