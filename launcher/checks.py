@@ -154,7 +154,8 @@ _SECRET_WORD = re.compile(r"(^|_)(KEY|APIKEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDEN
 # W&B variables the job sets itself, and the recipe field each comes from (None: the job's own).
 _WANDB_ENV = {"WANDB_PROJECT": "wandb.project", "WANDB_NAME": "wandb.experiment", "WANDB_ENTITY": "wandb.entity",
               "WANDB_BASE_URL": "wandb.base_url", "WANDB_HOST": "wandb.base_url", "WANDB_RUN_ID": None,
-              "WANDB_RESUME": None, "WANDB_ERROR_REPORTING": None}
+              "WANDB_RESUME": None, "WANDB_ERROR_REPORTING": None, "WANDB_RUN_GROUP": "wandb.group",
+              "WANDB_JOB_TYPE": "wandb.job_type"}
 
 
 def _seconds(time: Optional[str]) -> Optional[int]:
@@ -275,6 +276,10 @@ def validate(r: Recipe, blame) -> None:
                                  "none of / \\ # ? % :; put the entity in wandb.entity)")
     if w.experiment is not None and (not w.experiment or len(w.experiment) > 128 or _CONTROL.search(w.experiment)):
         bad("wandb.experiment", "must be 1-128 printable characters")
+    for name, most in (("group", 128), ("job_type", 64)):
+        value = getattr(w, name)
+        if value is not None and (not value or len(value) > most or _CONTROL.search(value)):
+            bad(f"wandb.{name}", f"must be 1-{most} printable characters")
     if w.entity is not None and not _ENTITY.fullmatch(w.entity):
         bad("wandb.entity", f"{w.entity!r} is not a valid W&B entity (letters, digits, '_' or '-')")
     if w.base_url is not None and not re.fullmatch(r"^https?://[^\s'\"\\]+$", w.base_url):

@@ -50,11 +50,22 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("overrides", metavar="OVERRIDE", nargs="*", help="Hydra override, key=value")
         return c
 
+    def sweep_flags(c: argparse.ArgumentParser) -> None:
+        c.add_argument("-m", "--multirun", action="store_true",
+                       help="a sweep: overrides in Hydra's sweep grammar (lr=1e-6,1e-5  n=range(2,9,2)  "
+                            "x=choice(a,b)) expand to one run per point, all in one Slurm job array")
+        c.add_argument("--max-points", type=_positive, default=256, metavar="N",
+                       help="refuse a sweep of more than N points (default 256)")
+
     recipe_cmd("render", "print the sbatch script a recipe renders to")
-    recipe_cmd("check", "validate a recipe (verl's keys against a snapshot of verl's config), run verl's "
-                        "own checks on its overrides (in runtime.python, cached), and show what would run; "
-                        "the exit code is submit's verdict (0 it would queue, 2 it would refuse)")
+    ck = recipe_cmd("check", "validate a recipe (verl's keys against a snapshot of verl's config), run verl's "
+                             "own checks on its overrides (in runtime.python, cached), and show what would run; "
+                             "the exit code is submit's verdict (0 it would queue, 2 it would refuse)")
+    sweep_flags(ck)
     s = recipe_cmd("submit", "check (as `check`), write a run directory and submit the script with sbatch")
+    sweep_flags(s)
+    s.add_argument("--max-parallel", type=_positive, metavar="K",
+                   help="with -m: at most K points run at once (the array's %%K)")
     s.add_argument("--local", action="store_true",
                    help="run the same script here, without Slurm: one node, this machine's GPUs "
                         "(CUDA_VISIBLE_DEVICES), free ports; for a one-box smoke run (CI)")
@@ -116,6 +127,12 @@ def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     args = _parse(argv)
     try:
+        if getattr(args, "max_parallel", None) and not args.multirun:
+            raise RecipeError("--max-parallel is for a sweep (-m)", where="command line")
+        if getattr(args, "multirun", False):
+            from . import sweep_cli
+
+            return _flushed(getattr(sweep_cli, f"cmd_{args.command}")(args))
         own = {"render": cmd_render, "check": cmd_check, "submit": cmd_submit, "image": cmd_image}
         if args.command in own:
             code = own[args.command](args)
@@ -123,8 +140,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from . import jobs  # the job toolkit: not loaded for rendering
 
             code = getattr(jobs, f"cmd_{args.command}")(args)
-        sys.stdout.flush()  # here, not at exit: a closed pipe is then ours to handle
-        return code
+        return _flushed(code)
     except RecipeError as e:
         return _fail(f"error: {e}", EXIT_BAD_INPUT)
     except SlurmError as e:
@@ -134,6 +150,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     except BrokenPipeError:  # the reader went away (`check R | head -1`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+def _flushed(code: int) -> int:
+    sys.stdout.flush()  # here, not at exit: a closed pipe is then ours to handle
+    return code
 
 
 def _fail(message: str, code: int) -> int:

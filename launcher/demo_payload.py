@@ -27,7 +27,8 @@ import time
 # What a GPU worker sees of every vendor's visibility variable (the job keeps its vendor's).
 GPU_VARS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ZE_AFFINITY_MASK",
             "GPU_DEVICE_ORDINAL")
-WANDB_VARS = ("WANDB_PROJECT", "WANDB_NAME", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_RUN_ID", "WANDB_RESUME")
+WANDB_VARS = ("WANDB_PROJECT", "WANDB_NAME", "WANDB_ENTITY", "WANDB_BASE_URL", "WANDB_RUN_ID", "WANDB_RESUME",
+              "WANDB_RUN_GROUP", "WANDB_JOB_TYPE")
 # What a requeued job's trainer sees: the restart count, and the checkpoint deadline for verl.
 JOB_VARS = ("SLURM_RESTART_COUNT", "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP")
 # The demo recipe's runtime.setup exports SETUP_HOST=$(hostname): where setup ran for a process.

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 from .errors import RecipeError, SlurmError
 from .paths import RunPaths
@@ -80,16 +82,46 @@ def _local_state(run: dict, rec: dict) -> tuple:
     return "UNKNOWN", f"its runner (pid {runner['pid']}) ended without recording an end"
 
 
+def _points(sweep: dict, everything: Optional[list] = None) -> list:
+    """A sweep's points, in order, from the registry."""
+    runs = registry.runs() if everything is None else everything
+    points = {r["index"]: r for r in runs if r.get("sweep") == sweep["run_dir"]}
+    return [points[i] for i in sorted(points)]
+
+
+def _sweep_row(sweep: dict, rows: list) -> dict:
+    """A sweep as one run: its points' states counted ("2 RUNNING, 2 PENDING")."""
+    counts: dict = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    busy = [s for s in ("RUNNING", "PENDING") if s in counts]
+    state = busy[0] if busy else ("COMPLETED" if set(counts) == {"COMPLETED"} else
+                                  "FAILED" if counts else "UNKNOWN")
+    return {"job_id": sweep["job_id"] or "-", "name": sweep.get("job_name"), "experiment": sweep.get("name"),
+            "kind": "sweep", "state": state, "counts": counts, "nodes": sweep.get("nodes"),
+            "elapsed": max((r["elapsed"] for r in rows if r["elapsed"] != "-"), default="-"),
+            "run_dir": sweep["run_dir"], "points": rows, "restart": 0}
+
+
 def cmd_list(args) -> int:
-    runs = registry.runs()[-args.n:] if args.n > 0 else []
-    info = _states(runs)
-    rows = [_row(r, info.get(r["run_dir"], {})) for r in reversed(runs)]
+    everything = registry.runs()
+    runs = [r for r in everything if not r.get("sweep")][-args.n:] if args.n > 0 else []
+    points = {r["run_dir"]: _points(r, everything) for r in runs if r.get("kind") == "sweep"}
+    info = _states([r for r in runs if r.get("kind") != "sweep"] + [p for ps in points.values() for p in ps])
+    rows = []
+    for r in reversed(runs):
+        if r.get("kind") == "sweep":
+            rows.append(_sweep_row(r, [_row(p, info.get(p["run_dir"], {})) for p in points[r["run_dir"]]]))
+        else:
+            rows.append(_row(r, info.get(r["run_dir"], {})))
     if args.json:
         print(json.dumps(rows))
         return 0
     print(f"{'JOBID':>8}  {'NAME':<16} {'EXPERIMENT':<22} {'STATE':<14} {'NODES':>5} {'ELAPSED':>9}  RUN DIR")
     for r in rows:
         state = r["state"] + (f" r{r['restart']}" if r["restart"] else "")  # it restarted
+        if r.get("kind") == "sweep":
+            state = "sweep " + " ".join(f"{n}{s[0]}" for s, n in sorted(r["counts"].items()))
         print(f"{r['job_id']:>8}  {_cut(r['name'], 16):<16} {_cut(r['experiment'], 22):<22} "
               f"{_cut(state, 14):<14} {str(r['nodes']):>5} {r['elapsed']:>9}  {r['run_dir']}")
     return 0
@@ -115,6 +147,8 @@ def wandb_links(run: dict) -> dict:
 
 def cmd_status(args) -> int:
     run = _run_or_fail(args.ref)
+    if run.get("kind") == "sweep":
+        return _sweep_status(run, args)
     row = _row(run, _states([run])[run["run_dir"]])
     row["links"] = wandb_links(run)
     row["stdout"] = str(RunPaths(Path(run["run_dir"])).stdout(run["job_id"]))
@@ -140,6 +174,33 @@ def cmd_status(args) -> int:
     for name, url in row["links"].items():
         print(f"W&B {name:<7} {url}")
     return 0
+
+
+def _sweep_status(sweep: dict, args) -> int:
+    points = _points(sweep)
+    info = _states(points)
+    rows = [_row(p, info.get(p["run_dir"], {})) for p in points]
+    for p, row in zip(points, rows):
+        row.update(index=p["index"], overrides=p.get("overrides", []), step=_step(row["progress"]))
+    out = _sweep_row(sweep, rows)
+    if args.json:
+        print(redact(json.dumps(out)))
+        return 0
+    counts = ", ".join(f"{n} {s}" for s, n in sorted(out["counts"].items()))
+    print(f"sweep      {sweep.get('name')} (job array {sweep['job_id'] or '- (local)'}): {len(rows)} points, {counts}")
+    print(f"sweep dir  {sweep['run_dir']}")
+    print(f"{'POINT':>5}  {'JOBID':<10} {'STATE':<11} {'PHASE':<14} {'EXIT':<6} {'STEP':<9} OVERRIDES")
+    for r in rows:
+        print(redact(f"{r['index']:>5}  {r['job_id']:<10} {_cut(r['state'], 11):<11} {_cut(r['phase'] or '-', 14):<14} "
+                     f"{(r['exit_code'] or '-') if r['state'] in slurm.TERMINAL else '-':<6} {r['step'] or '-':<9} "
+                     f"{' '.join(r['overrides'])}"))
+    return 0
+
+
+def _step(progress: Optional[str]) -> Optional[str]:
+    """'3/120' from the watchdog's 'training step 3/120, ...'."""
+    m = re.search(r"step (\d+(?:/\d+)?)", progress or "")
+    return m.group(1) if m else None
 
 
 def _log_file(run: dict, args) -> Path:
@@ -169,8 +230,16 @@ def _nodes(p: RunPaths) -> list:
         return []
 
 
+def _not_a_sweep(run: dict, what: str) -> None:
+    if run.get("kind") == "sweep":
+        first = f"{run['job_id']}_0" if run.get("job_id") else f"{run['run_dir']}/0"
+        raise RecipeError(f"{run['job_id'] or run['run_dir']} is a sweep: {what} one of its points, e.g. {first} "
+                          f"(verl-launch status {run['job_id'] or run['run_dir']} lists them)", where="command line")
+
+
 def cmd_logs(args) -> int:
     run = _run_or_fail(args.ref)
+    _not_a_sweep(run, "show the output of")
     path = _log_file(run, args)
     if not args.follow and not path.exists():  # as --driver and --node say: nothing to print yet
         info = None if run.get("local") else slurm.job_info(run["job_id"])
@@ -202,6 +271,8 @@ def cmd_logs(args) -> int:
 
 def cmd_cancel(args) -> int:
     run = _run_or_fail(args.ref)
+    if run.get("kind") == "sweep" and not run.get("local"):
+        return _cancel_sweep(run)
     if run.get("local"):  # its id is not a Slurm job's: scancel could hit someone else's job
         raise SlurmError(f"run {run['job_id']} ran locally (submit --local), not under Slurm: "
                          "stop it with Ctrl-C where it runs")
@@ -217,3 +288,20 @@ def cmd_cancel(args) -> int:
         pass
     print(f"job {run['job_id']} {state}")
     return 0 if state in ("CANCELLED", "COMPLETED", "FAILED", "TIMEOUT") else 1
+
+
+def _cancel_sweep(sweep: dict) -> int:
+    """scancel the array (every point, running or pending), then wait until each has ended."""
+    slurm.cancel(sweep["job_id"])
+    points = _points(sweep)
+    final = slurm.watch_many(points, lambda counts: None, poll=1.0, timeout=120)
+    for p in points:
+        paths = RunPaths(Path(p["run_dir"]))
+        try:
+            rec = json.loads(paths.record.read_text())
+            rec.update(cancelled=time.time(), final_state=final[p["run_dir"]])
+            paths.write_record(rec)
+        except (OSError, ValueError):
+            pass
+        print(f"job {p['job_id']} {final[p['run_dir']]}")
+    return 0 if all(s in slurm.TERMINAL for s in final.values()) else 1

@@ -77,7 +77,7 @@ def apply_cli(flat: Dict[str, Any], overrides: List[str], resolve=None) -> Dict[
                               where="command line", key=f"verl.overrides.{_plain(ov.split('=')[0])}") from None
         if parsed.is_sweep_override():
             raise RecipeError(f"override 'verl.overrides.{ov}' is a sweep (a,b / range()); verl takes "
-                              "one value: quote it to pass the text", where="command line",
+                              "one value: quote it to pass the text, or add -m to sweep it", where="command line",
                               key=f"verl.overrides.{parsed.key_or_group}")
         key = parsed.key_or_group
         value = resolve(parsed.value()) if resolve else parsed.value()

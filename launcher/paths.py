@@ -42,12 +42,13 @@ class RunPaths:
         _write_private(self.script, script)
         _write_private(self.recipe, recipe_yaml)
 
-    def write_record(self, record: dict) -> None:
+    def write_record(self, record: dict, name: str = RECORD) -> None:
         """run.json: replaced whole (write then rename), so a reader never sees half of it."""
-        tmp = self.record.with_suffix(".json.tmp")
+        target = self.run_dir / name
+        tmp = target.with_suffix(".json.tmp")
         tmp.unlink(missing_ok=True)
         _write_private(tmp, json.dumps(record, indent=2) + "\n")
-        tmp.replace(self.record)
+        tmp.replace(target)
 
     @property
     def script(self) -> Path:
@@ -127,6 +128,45 @@ class RunPaths:
             return json.loads(self.ray_state(restart).read_text()).get("summary")
         except (OSError, ValueError):
             return None
+
+
+@dataclass(frozen=True)
+class SweepPaths:
+    """A sweep's directory: the job array's script and record; point i's run directory is <i>/."""
+    sweep_dir: Path
+
+    SCRIPT = "sweep.sbatch"  # the job array's script: task i runs <i>/job.sbatch there
+    RECORD = "sweep.json"  # the sweep: its points, their overrides and experiments
+    OUTPUT = "%a/slurm-%A_%a.out"  # each task's output in its point's run dir (RunPaths.stdout)
+
+    def point(self, index: int) -> RunPaths:
+        return RunPaths(self.sweep_dir / str(index))
+
+    @property
+    def script(self) -> Path:
+        return self.sweep_dir / self.SCRIPT
+
+    @property
+    def record(self) -> Path:
+        return self.sweep_dir / self.RECORD
+
+    def create(self, script: str) -> None:
+        """The sweep directory (0700) with the array's script; then each point's run dir."""
+        old = os.umask(0o077)
+        try:
+            self.sweep_dir.parent.mkdir(parents=True, exist_ok=True)
+            self.sweep_dir.mkdir(mode=0o700)
+        except FileExistsError:
+            raise RecipeError("sweep directory already exists", where=str(self.sweep_dir)) from None
+        except OSError as e:
+            raise RecipeError(f"cannot create the sweep directory {self.sweep_dir}: {e.strerror}",
+                              where="paths.runs") from None
+        finally:
+            os.umask(old)
+        _write_private(self.script, script)
+
+    def write_record(self, record: dict) -> None:
+        RunPaths(self.sweep_dir).write_record(record, self.RECORD)
 
 
 def _write_private(path: Path, text: str) -> None:

@@ -181,7 +181,8 @@ def _parse_each(overrides: List[str]) -> None:
                               key=_key(ov)) from None
         if parsed.is_sweep_override() and not _key(ov).startswith(_VERL_PREFIX):
             raise RecipeError(f"override {ov!r} is a sweep (a,b / range() / choice()): one run takes one "
-                              "value. For a list write [a,b]; for text, quote it", where="command line",
+                              "value; to sweep, add -m (one job array). For a list write [a,b]; for text, "
+                              "quote it", where="command line",
                               key=_key(ov))
 
 

@@ -45,7 +45,8 @@ def find(ref: str) -> Optional[dict]:
     for run in reversed(runs()):
         if run.get("job_id") == ref or (path and run.get("run_dir") == path):
             return run
-    if path and os.path.isfile(os.path.join(path, "run.json")):  # a run dir from elsewhere
-        with open(os.path.join(path, "run.json")) as f:
-            return json.load(f)
+    for name in ("run.json", "sweep.json"):  # a run (or sweep) dir from elsewhere
+        if path and os.path.isfile(os.path.join(path, name)):
+            with open(os.path.join(path, name)) as f:
+                return json.load(f)
     return None

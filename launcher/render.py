@@ -19,6 +19,7 @@ from .resources import templates_dir
 from .secrets import SECRET_NAME, wandb_host
 
 TEMPLATE = "sbatch.sh.j2"
+SWEEP_TEMPLATE = "sweep.sbatch.j2"
 
 RAY_FIXED_PORTS = 9  # GCS .. dashboard; the template lays them out, then the worker ports
 
@@ -91,6 +92,10 @@ def wandb_env(r: Recipe) -> List[Tuple[str, str]]:
         env.append(("WANDB_ENTITY", w.entity))
     if w.base_url:
         env.append(("WANDB_BASE_URL", w.base_url))
+    if w.group:
+        env.append(("WANDB_RUN_GROUP", w.group))
+    if w.job_type:
+        env.append(("WANDB_JOB_TYPE", w.job_type))
     # One W&B run per experiment, across requeues and resubmits.
     run_id = hashlib.sha256(f"{w.entity}/{w.project}/{r.experiment}".encode()).hexdigest()[:16]
     env += [("WANDB_RUN_ID", run_id), ("WANDB_RESUME", "allow"), ("WANDB_ERROR_REPORTING", "false")]
@@ -114,7 +119,7 @@ def render(r: Recipe) -> str:
     ckpt = node_checks.checkpoint_dir(r)
     ctx = dict(
         version=__version__,
-        recipe_file=re.sub(r"[\x00-\x1f\x7f]", "?", r.source),  # it sits in a comment line
+        recipe_file=_comment_safe(r.source),
         paths=RunPaths,
         directives=directives(r),
         setup=r.runtime.setup,
@@ -158,6 +163,22 @@ def render(r: Recipe) -> str:
         watch_ray_py=_embedded("watch_ray.py"),
     )
     return env.get_template(TEMPLATE).render(ctx)
+
+
+def render_array(r: Recipe, name: str, count: int, max_parallel=None) -> str:
+    """A sweep's job-array script: the points' shared #SBATCH lines, one task per point."""
+    from .paths import SweepPaths
+
+    lines = [d for d in directives(r) if not d.startswith("--output=")]
+    lines += [f"--output={SweepPaths.OUTPUT}",
+              f"--array=0-{count - 1}" + (f"%{max_parallel}" if max_parallel else "")]
+    return _env().get_template(SWEEP_TEMPLATE).render(
+        version=__version__, recipe_file=_comment_safe(r.source), name=name, count=count,
+        directives=lines, paths=RunPaths)
+
+
+def _comment_safe(text: str) -> str:
+    return re.sub(r"[\x00-\x1f\x7f]", "?", text)  # it sits in a comment line
 
 
 def port_slots(r: Recipe) -> int:

@@ -68,6 +68,8 @@ class Wandb:
     project: Optional[str] = None
     experiment: Optional[str] = None  # defaults to job.name
     entity: Optional[str] = None
+    group: Optional[str] = None  # WANDB_RUN_GROUP: runs shown together (a sweep sets its own name)
+    job_type: Optional[str] = None  # WANDB_JOB_TYPE (a sweep sets "sweep")
     base_url: Optional[str] = None
     api_key_file: Optional[str] = None  # read inside the job; must be on the nodes
     reach_timeout: int = 10  # seconds for each node's reachability check (0: no check)

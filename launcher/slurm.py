@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import secrets as _random
 import shlex
 import shutil
 import subprocess
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Mapping, Optional
@@ -49,20 +51,23 @@ class Submitted:
                 "stdout": str(p.stdout(self.job_id)), "logs": str(p.logs), "phases": str(p.phases)}
 
 
-def plan(loaded: Loaded, now: Optional[float] = None) -> SubmitRequest:
+def plan(loaded: Loaded, now: Optional[float] = None, run_dir: Optional[Path] = None) -> SubmitRequest:
     """The dry-run: what would be written where, and the command that would run."""
     r = loaded.recipe
     now = time.time() if now is None else now
-    runs = Path(os.path.expanduser(r.paths.runs))
-    if not runs.is_absolute():
-        runs = Path.cwd() / runs
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
-    run_dir = runs / r.job.name / f"{stamp}-{_random.token_hex(2)}"
+    if run_dir is None:
+        run_dir = runs_dir(r) / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{_random.token_hex(2)}"
     meta = {"recipe": r.source, "job_name": r.job.name, "experiment": r.experiment,
             "project": r.wandb.project, "entity": r.wandb.entity, "nodes": r.cluster.nodes,
             "gpus_per_node": r.cluster.gpus_per_node, "wandb_base_url": r.wandb.base_url, "created": now}
     return SubmitRequest(paths=RunPaths(run_dir), script=render(r),
                          recipe_yaml=resolved_yaml(r), meta=meta)
+
+
+def runs_dir(r) -> Path:
+    """Where the recipe's runs go: paths.runs/<job.name>, absolute."""
+    runs = Path(os.path.expanduser(r.paths.runs))
+    return (runs if runs.is_absolute() else Path.cwd() / runs) / r.job.name
 
 
 def resolved_yaml(r) -> str:
@@ -74,27 +79,62 @@ def resolved_yaml(r) -> str:
 def schedule(req: SubmitRequest, environ: Optional[Mapping[str, str]] = None) -> Submitted:
     """Write the run directory (0700, files 0600) and run sbatch in it."""
     p = req.paths
-    sbatch = shutil.which(req.command[0])
-    if sbatch is None:
-        raise SlurmError(f"{req.command[0]} not found on PATH: run this on a Slurm login node")
+    _need(req.command[0])
     p.create(req.script, req.recipe_yaml)
-    try:
-        try:
-            proc = subprocess.run([sbatch, *req.command[1:]], cwd=p.run_dir, capture_output=True,
-                                  text=True, env=dict(environ) if environ is not None else None,
-                                  stdin=subprocess.DEVNULL, timeout=120)
-        except subprocess.TimeoutExpired:
-            raise SlurmError("sbatch did not answer within 120 s (is slurmctld up?)") from None
-        if proc.returncode != 0:
-            raise SlurmError(f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
-        job_id = proc.stdout.strip().split(";")[0]
-        if not job_id.isdigit():
-            raise SlurmError(f"sbatch printed no job id: {proc.stdout.strip()!r}")
-    except BaseException:
-        shutil.rmtree(p.run_dir, ignore_errors=True)  # nothing half-written is left behind
-        raise
+    with _undone(p.run_dir):
+        job_id = _sbatch(req.command, p.run_dir, environ)
     record_run(req, job_id)
     return Submitted(job_id=job_id, paths=p)
+
+
+def schedule_sweep(req, environ: Optional[Mapping[str, str]] = None) -> dict:
+    """A sweep (sweep.SweepRequest): its directory, every point's run directory, one sbatch
+    of the job array; then each point in the registry as ARRAY_i, and the sweep itself."""
+    from .paths import SweepPaths
+
+    _need(req.command[0])
+    sp = SweepPaths(req.sweep_dir)
+    sp.create(req.script)
+    with _undone(sp.sweep_dir):
+        for point in req.requests:
+            point.paths.create(point.script, point.recipe_yaml)
+        job_id = _sbatch(req.command, sp.sweep_dir, environ)
+    for i, point in enumerate(req.requests):
+        record_run(point, f"{job_id}_{i}", array_job_id=job_id)
+    record = req.record(job_id)
+    sp.write_record(record)
+    registry.record({k: v for k, v in record.items() if k != "points"})
+    return record
+
+
+def _need(command: str) -> None:
+    if shutil.which(command) is None:
+        raise SlurmError(f"{command} not found on PATH: run this on a Slurm login node")
+
+
+@contextmanager
+def _undone(directory: Path):
+    """What was written under DIRECTORY goes if sbatch fails: nothing half-written is left."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
+def _sbatch(command: List[str], cwd: Path, environ: Optional[Mapping[str, str]]) -> str:
+    try:
+        proc = subprocess.run([shutil.which(command[0]) or command[0], *command[1:]], cwd=cwd, capture_output=True,
+                              text=True, env=dict(environ) if environ is not None else None,
+                              stdin=subprocess.DEVNULL, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise SlurmError("sbatch did not answer within 120 s (is slurmctld up?)") from None
+    if proc.returncode != 0:
+        raise SlurmError(f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+    job_id = proc.stdout.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch printed no job id: {proc.stdout.strip()!r}")
+    return job_id
 
 
 def record_run(req: SubmitRequest, job_id: str, **extra) -> dict:
@@ -177,6 +217,25 @@ def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: O
         time.sleep(poll)
 
 
+def watch_many(runs: List[dict], on_change, poll: float = 5.0, timeout: Optional[float] = None) -> dict:
+    """Poll many runs (a sweep's points; one `states` call per ``poll`` seconds) until every
+    one has ended; call ``on_change({state: count})`` when the counts change. Returns the
+    state by run dir."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    while True:
+        now = {d: info.get("state", "UNKNOWN") for d, info in states(runs).items()}
+        counts: dict = {}
+        for state in now.values():
+            counts[state] = counts.get(state, 0) + 1
+        if counts != last:
+            on_change(counts)
+            last = counts
+        if all(s in TERMINAL for s in now.values()) or (deadline is not None and time.monotonic() > deadline):
+            return now
+        time.sleep(poll)
+
+
 # ----------------------------------------------------------------------------- many runs at once
 SACCT_FIELDS = "JobID,State,ExitCode,WorkDir,Start,End,Submit"
 _CHUNK = 300  # job ids per sacct call: bounded command lines, bounded calls
@@ -205,11 +264,26 @@ def _controller_jobs() -> dict:
     for line in proc.stdout.splitlines():
         info = _fields(line)
         if "JobId" in info:
-            out[info["JobId"]] = {"state": info.get("JobState", "UNKNOWN"), "exit_code": info.get("ExitCode"),
-                                  "reason": info.get("Reason"), "work_dir": info.get("WorkDir"),
-                                  "start": info.get("StartTime"), "end": info.get("EndTime"),
-                                  "submit": info.get("SubmitTime"),
-                                  "source": "scontrol"}
+            entry = {"state": info.get("JobState", "UNKNOWN"), "exit_code": info.get("ExitCode"),
+                     "reason": info.get("Reason"), "work_dir": info.get("WorkDir"),
+                     "start": info.get("StartTime"), "end": info.get("EndTime"),
+                     "submit": info.get("SubmitTime"), "source": "scontrol"}
+            out[info["JobId"]] = entry
+            # An array's task is also ARRAY_TASK; its pending tasks share one record (2-3%2).
+            if info.get("ArrayJobId") and info.get("ArrayTaskId"):
+                for task in array_tasks(info["ArrayTaskId"]):
+                    out[f"{info['ArrayJobId']}_{task}"] = entry
+    return out
+
+
+def array_tasks(spec: str) -> List[int]:
+    """Slurm's task-id list (`3`, `2-5%2`, `0,4-6`, `0-9:3`) as the task ids."""
+    out: List[int] = []
+    for part in spec.split("%")[0].strip("[]").split(","):
+        lo, _, rest = part.partition("-")
+        hi, _, step = rest.partition(":")
+        if lo.isdigit() and (not hi or hi.isdigit()) and (not step or step.isdigit()):
+            out += range(int(lo), int(hi or lo) + 1, int(step or 1) or 1)
     return out
 
 
@@ -228,10 +302,14 @@ def _accounting(job_ids: List[str]) -> dict:
             return out  # no accounting of any kind: the controller's memory is all there is
         for line in proc.stdout.splitlines():
             jid, state, code, work_dir, start, end, submit = (line.split("|") + [""] * 7)[:7]
-            if jid.isdigit():
-                out.setdefault(jid, []).append(
-                    {"state": state.split()[0] if state else "UNKNOWN", "exit_code": code, "reason": None,
-                     "work_dir": work_dir, "start": start, "end": end, "submit": submit, "source": source})
+            m = re.fullmatch(r"(\d+)(?:_(\d+|\[.+\]))?", jid)
+            if not m:
+                continue
+            info = {"state": state.split()[0] if state else "UNKNOWN", "exit_code": code, "reason": None,
+                    "work_dir": work_dir, "start": start, "end": end, "submit": submit, "source": source}
+            tasks = array_tasks(m.group(2)) if m.group(2) else []
+            for key in [f"{m.group(1)}_{t}" for t in tasks] or [jid]:
+                out.setdefault(key, []).append(info)
     return out
 
 
@@ -243,8 +321,8 @@ def states(runs: List[dict]) -> dict:
     def mine(run, info):
         if info is None:
             return False
-        if info.get("work_dir"):  # Slurm records the physical path: compare those
-            return os.path.realpath(info["work_dir"]) == os.path.realpath(run.get("run_dir") or "")
+        if info.get("work_dir"):  # Slurm records the physical path: compare those (a sweep's: its dir)
+            return os.path.realpath(info["work_dir"]) == os.path.realpath(run.get("work_dir") or run.get("run_dir") or "")
         # No working directory on record (a job not yet started, in some accounting): its
         # submit time must fall while this run's sbatch ran.
         t = slurm_time(info.get("submit"))
@@ -261,12 +339,25 @@ def states(runs: List[dict]) -> dict:
         else:
             rest.append(run)
     if rest:
-        acc = _accounting(sorted({r["job_id"] for r in rest}, key=int))
+        ids = {i for r in rest for i in _ids(r)}
+        acc = _accounting(sorted(ids, key=lambda i: [int(x) for x in i.split("_")]))
         for run in rest:
             # The last record of this run's own; sacct lists a requeued job's runs in order.
-            own = [info for info in acc.get(run["job_id"], []) if mine(run, info)]
+            own = [info for i in _ids(run) for info in acc.get(i, []) if mine(run, info)]
             out[run["run_dir"]] = own[-1] if own else {"state": "UNKNOWN", "source": "none"}
     return out
+
+
+def _ids(run: dict) -> List[str]:
+    """The ids accounting may know a run by: an array task's ARRAY_i, and its own job id (the
+    job-completion log knows only that one; the job wrote it in its phase markers)."""
+    ids = [run["job_id"]]
+    if "_" in run["job_id"]:
+        phases = RunPaths(Path(run["run_dir"])).read_phases()
+        own = str(phases[-1].get("job", "")) if phases else ""
+        if own.isdigit():
+            ids.append(own)
+    return ids
 
 
 def slurm_time(text: Optional[str]) -> Optional[float]:

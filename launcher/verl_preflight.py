@@ -3,9 +3,10 @@ subprocess with the recipe's interpreter (``runtime.python``): the verl that the
 
 Standalone on purpose (it imports nothing from verl-launch, which that interpreter may not
 have). Run as ``python -c <this file's text>`` from an empty directory, so that nothing beside it
-shadows a module verl imports. Reads {"overrides": [...]} as JSON on stdin; prints one line "@@preflight <json>":
-  {"ok": true, "verl_version": ..., "config": {a few resolved values}}
-  {"ok": false, "verl_version": ..., "stage": "import|compose|validate|dataclass", "error": ...}
+shadows a module verl imports. Reads {"points": [[override, ...], ...]} as JSON on stdin (a sweep's
+points share one verl import); prints one line "@@preflight <json>" per point, in order:
+  {"index": i, "ok": true, "verl_version": ..., "config": {a few resolved values}}
+  {"index": i, "ok": false, "verl_version": ..., "stage": "import|compose|validate|dataclass", "error": ...}
 Exits 0 in both cases (the launcher decides), 3 if verl is not importable.
 """
 
@@ -39,21 +40,29 @@ def message(e: BaseException) -> str:
 
 
 def main() -> int:
-    overrides = json.load(sys.stdin)["overrides"]
+    points = json.load(sys.stdin)["points"]
     try:
         import verl
     except Exception as e:  # not installed, or broken: the launcher says so plainly
-        emit(ok=False, stage="import", error=message(e), verl_version=None)
+        for i in range(len(points)):
+            emit(index=i, ok=False, stage="import", error=message(e), verl_version=None)
         return 3
     version = getattr(verl, "__version__", "unknown")
+    from hydra import compose, initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        for i, overrides in enumerate(points):
+            emit(index=i, verl_version=version, **check(compose, overrides))
+    return 0
+
+
+def check(compose, overrides) -> dict:
     stage = "compose"
     try:
-        from hydra import compose, initialize_config_dir
         from omegaconf import OmegaConf
 
-        config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-        with initialize_config_dir(config_dir=config_dir, version_base=None):
-            cfg = compose(config_name="ppo_trainer", overrides=overrides)
+        cfg = compose(config_name="ppo_trainer", overrides=overrides)
         # Everything must resolve, as it will in main_ppo (a misspelt ${...} fails here).
         OmegaConf.resolve(cfg)
 
@@ -69,12 +78,10 @@ def main() -> int:
         stage = "dataclass"
         omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
     except BaseException as e:  # noqa: B036 - Hydra and verl raise assertion errors too
-        emit(ok=False, stage=stage, error=message(e), verl_version=version)
-        return 0
+        return {"ok": False, "stage": stage, "error": message(e)}
     report = {k: OmegaConf.select(cfg, k, default=None) for k in REPORT_KEYS}
-    emit(ok=True, verl_version=version,
-         config={k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v for k, v in report.items()})
-    return 0
+    return {"ok": True, "config": {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v
+                                   for k, v in report.items()}}
 
 
 if __name__ == "__main__":

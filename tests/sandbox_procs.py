@@ -21,6 +21,25 @@ def raylet_of(job_id: str, node: str) -> Optional[int]:
     return None
 
 
+def job_processes(job_id: str, var: str = "SLURM_JOB_ID") -> list:
+    """Live processes started for this job (found by SLURM_JOB_ID in their environment; a job
+    array's, all its tasks': var="SLURM_ARRAY_JOB_ID")."""
+    found = []
+    marker = f"{var}={job_id}".encode()
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            stat = (p / "stat").read_text()
+            if stat.rsplit(")", 1)[1].split()[0] in "ZX":
+                continue
+            if marker in (p / "environ").read_bytes().split(b"\0"):
+                found.append((int(p.name), (p / "comm").read_text().strip()))
+        except OSError:
+            continue
+    return found
+
+
 class RequeueHold:
     """Releases a requeued job from Slurm's begin-time hold (about 2 minutes), but not at once:
     slurmd refuses a credential issued in the same second it revoked the job's last one, and

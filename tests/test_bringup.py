@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, submit_json
+from sandbox_procs import job_processes
 
 pytestmark = pytest.mark.sandbox
 RAY_COMMS = ("raylet", "gcs_server")
@@ -36,24 +37,6 @@ def wait_for_phase(info, name, timeout=120) -> dict:
                 return ph
         time.sleep(0.3)
     pytest.fail(f"phase {name} not reached; output:\n{Path(info['stdout']).read_text()}")
-
-
-def job_processes(job_id: str) -> list:
-    """Live processes started for this job (found by SLURM_JOB_ID in their environment)."""
-    found = []
-    marker = f"SLURM_JOB_ID={job_id}".encode()
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            stat = (p / "stat").read_text()
-            if stat.rsplit(")", 1)[1].split()[0] in "ZX":
-                continue
-            if marker in (p / "environ").read_bytes().split(b"\0"):
-                found.append((int(p.name), (p / "comm").read_text().strip()))
-        except OSError:
-            continue
-    return found
 
 
 def test_two_jobs_share_a_node_without_port_clashes(cli, sandbox, clean_env, tmp_path):

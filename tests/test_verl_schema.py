@@ -118,7 +118,7 @@ def test_check_without_verl_finds_a_plus_typo_that_verl_itself_lets_through(cli,
     # would keep its default epochs. That is why the snapshot check exists.
     script = Path(verl_schema.__file__).with_name("verl_preflight.py").read_text()
     overrides = verl_args(load(GSM8K).recipe) + ["+trainer.total_epoch=2"]
-    own = subprocess.run([sys.executable, "-c", script], input=json.dumps({"overrides": overrides}),
+    own = subprocess.run([sys.executable, "-c", script], input=json.dumps({"points": [overrides]}),
         capture_output=True, text=True, timeout=300, cwd="/")
     verdict = json.loads(own.stdout.strip().splitlines()[-1].split(" ", 1)[1])
     assert verdict["ok"], verdict

@@ -1,0 +1,292 @@
+"""Sweeps: one recipe, many runs, one Slurm job array.
+
+``submit RECIPE -m a=1,2 b=x,y`` - Hydra's sweep grammar, expanded by Hydra's own parser and
+basic sweeper into points. Every point is a full recipe: composed, checked (verl's preflight in
+one verl process for all of them) and rendered to its own run directory under the sweep's.
+Points share one allocation shape, so one job array runs them: task i runs point i's script.
+Each point gets its own experiment name (hence its own W&B run id and checkpoint directory),
+and all share one W&B group, the sweep's name.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets as _random
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, List, Mapping, Optional
+
+from .errors import RecipeError
+from .overrides import hydra_value
+from .paths import SweepPaths
+from .recipe import Loaded, load
+
+MAX_POINTS = 256
+JOB_TYPE = "sweep"
+_NAME_MAX = 128  # W&B's limit for a run name
+
+
+@dataclass
+class Point:
+    index: int
+    overrides: List[str]  # the point's own values: one `key=value` per swept key
+    loaded: Loaded
+    preflight: object = None  # preflight.Preflight, once checked
+
+    @property
+    def experiment(self) -> str:
+        return self.loaded.recipe.experiment
+
+    def label(self) -> str:
+        return " ".join(self.overrides)
+
+
+@dataclass
+class Sweep:
+    name: str  # the sweep's W&B group and directory name
+    recipe: str  # the recipe file, as given
+    fixed: List[str]  # overrides every point shares
+    points: List[Point] = field(default_factory=list)
+
+
+def expand(overrides: List[str], max_points: int = MAX_POINTS):
+    """Hydra's expansion of OVERRIDES: (the swept keys, one override list per point)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for ov in overrides:
+        try:
+            parsed.append(parser.parse_override(ov))
+        except HydraException as e:
+            msg = " ".join(str(e).split("See https://hydra.cc")[0].split())
+            raise RecipeError(f"override {ov!r} is not Hydra syntax: {msg}", where="command line") from None
+    swept = [p.get_key_element() for p in parsed if p.is_sweep_override()]
+    if not swept:
+        raise RecipeError("-m/--multirun needs at least one sweep override (key=a,b  key=range(1,4)  "
+                          "key=choice(a,b)); without one, leave -m out", where="command line")
+    keys = [p.get_key_element() for p in parsed]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise RecipeError(f"{twice[0]} is given twice: one override per key in a sweep", where="command line",
+                          key=twice[0].lstrip("+~"))
+    try:
+        points = BasicSweeper.split_arguments(parsed, None)[0]
+    except HydraException as e:  # interval() and other sweeps only a search sweeper takes
+        raise RecipeError(f"{' '.join(str(e).split())}: a sweep here lists its values (a,b, range(), choice())",
+                          where="command line") from None
+    if not points:
+        raise RecipeError(f"the sweep is empty: {', '.join(swept)} has no values", where="command line")
+    if len(points) > max_points:
+        raise RecipeError(f"the sweep has {len(points)} points, more than --max-points={max_points} "
+                          "(raise it if you mean it)", where="command line")
+    seen = {}
+    for i, point in enumerate(points):
+        prev = seen.setdefault(tuple(point), i)
+        if prev != i:
+            own = [ov for ov in point if ov.split("=", 1)[0] in swept]
+            twice = [p.get_key_element() for p in parsed if p.is_sweep_override()
+                     and len(set(p.sweep_string_iterator())) < len(list(p.sweep_string_iterator()))]
+            raise RecipeError(f"points {prev} and {i} are the same ({' '.join(own)}): a value is listed twice",
+                              where="command line", key=(twice or swept)[0].lstrip("+~"))
+    return swept, points
+
+
+def labels(keys: List[str]) -> List[str]:
+    """Each swept key's shortest dotted tail that no other swept key ends with."""
+    plain = [k.lstrip("+~") for k in keys]
+    out = []
+    for key in plain:
+        parts = key.split(".")
+        for n in range(1, len(parts) + 1):
+            tail = ".".join(parts[-n:])
+            if not any(o != key and (o == tail or o.endswith("." + tail)) for o in plain):
+                break
+        out.append(tail)
+    return out
+
+
+def experiment_names(base: str, swept: List[str], points: List[List[str]]) -> List[str]:
+    """base-<label><value>-... per point: readable, safe in W&B names, Weave filters, paths and
+    Hydra values; unique (a clash, or a cut, gets the point's index)."""
+    tails = dict(zip(swept, labels(swept)))
+    names = []
+    for point in points:
+        parts = [base]
+        for ov in point:
+            key, _, value = ov.partition("=")
+            if key in tails:
+                parts.append(tails[key].replace(".", "_") + _safe(value))
+        names.append("-".join(parts))
+    out = []
+    for i, name in enumerate(names):
+        if names.count(name) > 1 or len(name) > _NAME_MAX:
+            name = f"{name[:_NAME_MAX - 8]}-p{i}"
+        out.append(name)
+    return out
+
+
+def _safe(value: str) -> str:
+    value = value.strip("'\"")
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", value).strip("_") or "x"
+
+
+@contextmanager
+def blame_point(point: Point) -> Iterator[None]:
+    """An error of one point names it."""
+    try:
+        yield
+    except RecipeError as e:
+        raise RecipeError(e.message, where=f"{e.where} (sweep point {point.index}: {point.label()})",
+                          key=e.key) from None
+
+
+def load_points(recipe: str, overrides: List[str], extra: List[str] = (), max_points: int = MAX_POINTS,
+                now: Optional[float] = None) -> Sweep:
+    """Every point composed and checked by the launcher (EXTRA: overrides added to each, as
+    --local adds its own). Nothing is written."""
+    swept, points = expand(list(overrides), max_points)
+    fixed = [ov for ov in points[0] if ov.split("=", 1)[0] not in swept]
+    plain = {k.lstrip("+~") for k in swept}
+    now = time.time() if now is None else now
+    base_load = load(recipe, fixed + list(extra))
+    base = base_load.recipe
+    name = f"{base.job.name}-sweep-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{_random.token_hex(2)}"
+    names = experiment_names(base.experiment, swept, points)
+    sweep = Sweep(name=name, recipe=str(recipe), fixed=fixed)
+    for i, point in enumerate(points):
+        own = [ov for ov in point if ov.split("=", 1)[0] in swept]
+        added = [] if "wandb.experiment" in plain else [f"wandb.experiment={hydra_value(names[i])}"]
+        if base.wandb.group is None and "wandb.group" not in plain:
+            added.append(f"wandb.group={hydra_value(name)}")
+        if base.wandb.job_type is None and "wandb.job_type" not in plain:
+            added.append(f"wandb.job_type={JOB_TYPE}")
+        p = Point(index=i, overrides=own, loaded=None)  # type: ignore[arg-type]
+        with blame_point(p):
+            p.loaded = load(recipe, point + list(extra) + added)
+        sweep.points.append(p)
+    _one_allocation(sweep)
+    _distinct(sweep, "experiment", lambda p: p.experiment, "wandb.experiment")
+    return sweep
+
+
+def check(sweep: Sweep, environ: Mapping[str, str], verl: bool = True) -> None:
+    """What submit checks of one run, for every point: the secrets, then verl's own checks
+    (one verl process for all points) and the CPU need with the values verl resolved."""
+    from . import preflight
+    from .checks import CKPT_DIR, check_capacity, effective
+    from .secrets import require
+
+    for p in sweep.points:
+        with blame_point(p):
+            require(p.loaded.recipe, environ)
+    if verl:
+        results = preflight.run_many([p.loaded.recipe for p in sweep.points], environ)
+        for p, pre in zip(sweep.points, results):
+            p.preflight = pre
+            with blame_point(p):
+                if isinstance(pre, RecipeError):
+                    raise pre
+                check_capacity(p.loaded.recipe, pre.config, p.loaded.blame)
+
+    def ckpt(p: Point):
+        resolved = getattr(p.preflight, "config", None)
+        value = effective(p.loaded.recipe, resolved).get(CKPT_DIR)
+        # a relative one (verl's default) lies in each point's own run directory
+        return value if isinstance(value, str) and value.startswith("/") else None
+
+    _distinct(sweep, "checkpoint directory", ckpt, f"verl.overrides.{CKPT_DIR}",
+              hint=": make it depend on the experiment, e.g. .../checkpoints/${wandb.experiment}")
+
+
+def _one_allocation(sweep: Sweep) -> None:
+    """Every point's #SBATCH lines must be the same: one job array has one allocation shape."""
+    import dataclasses
+
+    from .render import directives
+
+    first = sweep.points[0].loaded.recipe
+    for p in sweep.points[1:]:
+        r = p.loaded.recipe
+        if directives(r) == directives(first):
+            continue
+        keys = ["job.name"] if r.job.name != first.job.name else []
+        keys += [f"cluster.{f.name}" for f in dataclasses.fields(r.cluster)
+                 if getattr(r.cluster, f.name) != getattr(first.cluster, f.name)]
+        key = keys[0] if keys else "cluster"
+        first_value = _get(first, key)
+        raise RecipeError(f"differs between points ({first_value!r} in point 0, {_get(r, key)!r} in point {p.index}): "
+                          "the points of one sweep share one job array, so one allocation; sweep it in separate "
+                          "submissions", where="command line", key=key)
+
+
+def _get(r, dotted: str):
+    value = r
+    for part in dotted.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def _distinct(sweep: Sweep, what: str, value_of, key: str, hint: str = "") -> None:
+    seen = {}
+    for p in sweep.points:
+        v = value_of(p)
+        if v is None:
+            continue
+        if v in seen:
+            q = seen[v]
+            raise RecipeError(f"points {q.index} ({q.label()}) and {p.index} ({p.label()}) would share the "
+                              f"{what} {v!r}{hint}", where="command line", key=key)
+        seen[v] = p
+
+
+# ----------------------------------------------------------------------------- the plan
+@dataclass
+class SweepRequest:
+    """The dry-run of a sweep: every point's request, the array script and the command."""
+    name: str
+    sweep_dir: Path
+    points: List[Point]
+    requests: list  # slurm.SubmitRequest per point, run_dir = sweep_dir/<index>
+    script: str
+    max_parallel: Optional[int]
+    command: List[str] = field(default_factory=lambda: ["sbatch", "--parsable", SweepPaths.SCRIPT])
+
+    def __str__(self) -> str:
+        import shlex
+
+        return f"cd {shlex.quote(str(self.sweep_dir))} && {shlex.join(self.command)}"
+
+    def record(self, job_id: Optional[str]) -> dict:
+        """sweep.json, and the sweep's line in the registry (its points have their own)."""
+        return {"kind": "sweep", "name": self.name, "job_id": job_id, "run_dir": str(self.sweep_dir),
+                "sweep_dir": str(self.sweep_dir), "recipe": self.points[0].loaded.recipe.source,
+                "job_name": self.points[0].loaded.recipe.job.name, "max_parallel": self.max_parallel,
+                "experiment": self.name, "nodes": self.points[0].loaded.recipe.cluster.nodes,
+                "command": str(self), "created": time.time(),
+                "points": [self.point_info(p, job_id) for p in self.points]}
+
+    def point_info(self, p: Point, job_id: Optional[str]) -> dict:
+        return {"index": p.index, "overrides": p.overrides, "experiment": p.experiment,
+                "run_dir": str(self.requests[p.index].paths.run_dir),
+                **({"job_id": f"{job_id}_{p.index}"} if job_id else {})}
+
+
+def plan(sweep: Sweep, max_parallel: Optional[int] = None) -> SweepRequest:
+    from .render import render_array
+    from .slurm import plan as plan_run, runs_dir
+
+    first = sweep.points[0].loaded.recipe
+    sweep_dir = runs_dir(first) / sweep.name
+    requests = []
+    for p in sweep.points:
+        req = plan_run(p.loaded, run_dir=SweepPaths(sweep_dir).point(p.index).run_dir)
+        req.meta.update(sweep=str(sweep_dir), index=p.index, overrides=p.overrides, work_dir=str(sweep_dir))
+        requests.append(req)
+    script = render_array(first, sweep.name, len(sweep.points), max_parallel)
+    return SweepRequest(name=sweep.name, sweep_dir=sweep_dir, points=sweep.points, requests=requests,
+                        script=script, max_parallel=max_parallel)
