@@ -39,8 +39,14 @@ class Point:
     def experiment(self) -> str:
         return self.loaded.recipe.experiment
 
-    def label(self) -> str:
-        return " ".join(self.overrides)
+    def label(self, values: bool = True) -> str:
+        """The point's overrides; a secret-named key's value (refused anyway) is not shown."""
+        from .secrets import SECRET_NAME
+
+        def one(ov: str) -> str:
+            key, _, value = ov.partition("=")
+            return ov if values and not SECRET_NAME.search(key.rsplit(".", 1)[-1]) else f"{key}=<value>"
+        return " ".join(one(ov) for ov in self.overrides)
 
 
 @dataclass
@@ -138,11 +144,14 @@ def _safe(value: str) -> str:
 @contextmanager
 def blame_point(point: Point) -> Iterator[None]:
     """An error of one point names it."""
+    from .secrets import SecretInRecipe
+
     try:
         yield
     except RecipeError as e:
-        raise RecipeError(e.message, where=f"{e.where} (sweep point {point.index}: {point.label()})",
-                          key=e.key) from None
+        secret = isinstance(e, SecretInRecipe)  # then no value of the point is shown
+        raise type(e)(e.message, where=f"{e.where} (sweep point {point.index}: {point.label(not secret)})",
+                      key=e.key) from None
 
 
 def load_points(recipe: str, overrides: List[str], extra: List[str] = (), max_points: int = MAX_POINTS,

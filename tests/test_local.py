@@ -62,3 +62,22 @@ def test_local_run_takes_the_visible_gpus_and_keeps_a_failure(cli, clean_env, tm
     assert report["cluster_gpus"] == 1 and report["config"]["trainer"]["n_gpus_per_node"] == 1
     assert "exiting 5 as asked" in (run / "logs" / "driver.r0.log").read_text()
     assert _marked(rec["job_id"]) == []
+
+
+def test_local_sweep_runs_the_points_one_after_another(cli, clean_env, tmp_path):
+    env = dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state"))
+    proc = cli("submit", "--local", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
+               f"paths.runs={tmp_path / 'runs'}", "-m", "verl.overrides.demo.exit_code=0,5", "--json",
+               env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]  # one point failed
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [(p["index"], p["final_state"], p["exit_code"]) for p in out["points"]] == \
+        [(0, "COMPLETED", "0:0"), (1, "FAILED", "5:0")]
+    runs = [Path(p["run_dir"]) for p in out["points"]]
+    assert [r.parent for r in runs] == [Path(out["sweep_dir"])] * 2
+    ends = [json.loads((r / "phases.jsonl").read_text().splitlines()[-1])["time"] for r in runs]
+    starts = [json.loads((r / "phases.jsonl").read_text().splitlines()[0])["time"] for r in runs]
+    assert ends[0] < starts[1]  # one after another, never side by side
+    st = json.loads(cli("status", out["sweep_dir"], "--json", env=env).stdout)
+    assert st["counts"] == {"COMPLETED": 1, "FAILED": 1}
+    assert all(_marked(p["job_id"]) == [] for p in out["points"])

@@ -154,3 +154,15 @@ def test_verls_preflight_runs_once_for_all_points_and_names_the_rejected_one(cli
     assert "must be divisible by minimal possible batch size" in bad.stderr
     assert log.read_text().count("preflight") == 2  # both points new to the cache: one more process
     assert not marker.exists() and not (tmp_path / "runs").exists()
+
+
+def test_a_secret_in_a_point_is_refused_without_showing_any_value(cli, tmp_path, clean_env, wandb_key):
+    env = dict(clean_env, HF_AUTH="hf-" + "s" * 30)
+    for values in (f"plain,{wandb_key}", f"plain,{env['HF_AUTH']}"):
+        proc = cli("submit", DEMO, PY, f"paths.runs={tmp_path / 'runs'}", "secrets=[HF_AUTH]", "-m",
+                   f"env.MY_SETTING={values}", "--dry-run", env=env)
+        assert proc.returncode == 2 and "holds the value of a secret" in proc.stderr, proc.stderr
+        assert "sweep point 1: env.MY_SETTING=<value>" in proc.stderr
+        assert values.split(",")[1] not in proc.stdout + proc.stderr
+    proc = cli("submit", DEMO, PY, "-m", "env.API_TOKEN=abcdefgh1,abcdefgh2", "--dry-run", env=env)
+    assert proc.returncode == 2 and "env.API_TOKEN=<value>" in proc.stderr and "abcdefgh" not in proc.stderr
