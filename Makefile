@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node clean
+.PHONY: install system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep clean
 
 install: $(VENV)/.installed
 
@@ -58,6 +58,8 @@ demo-verl: system-deps install
 
 lint: install
 	$(VENV)/bin/verl-launch render recipes/sandbox-demo.yaml runtime.python=python3 | shellcheck -
+	$(PY) -c 'from launcher.recipe import load; from launcher.render import render_array; \
+	  print(render_array(load("recipes/sandbox-demo.yaml").recipe, "demo-sweep", 4, 2), end="")' | shellcheck -
 	bash -n $(SANDBOX)/*.sh && shellcheck $(SANDBOX)/*.sh .ci/run
 
 bench: install
@@ -74,6 +76,9 @@ bench-inputs-check: install
 
 bench-bad-node: install
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/bad_node_bench.py
+
+bench-sweep: install
+	$(PY) bench/sweep_bench.py
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info

@@ -59,6 +59,21 @@ def test_golden_variants(name):
     assert got == golden.read_text(), f"{name} renders differently from {golden}"
 
 
+def test_golden_sweep_array():
+    """A sweep's job-array script (gsm8k-grpo on SUNK, 8 points, at most 3 at once)."""
+    from launcher.render import render_array
+
+    recipe, overrides = VARIANTS["gsm8k-grpo+sunk"]
+    got = render_array(load(recipe, overrides).recipe, "gsm8k-grpo-sweep-20261201-120000-abcd", 8, 3) \
+        .replace(str(ROOT), "<ROOT>")
+    golden = GOLDEN / "gsm8k-grpo+sunk.sweep.sbatch"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        golden.write_text(got)
+    assert got == golden.read_text(), f"the sweep's array script renders differently from {golden}"
+    assert "#SBATCH --array=0-7%3" in got and "#SBATCH --output=%a/slurm-%A_%a.out" in got
+    assert "--output=slurm-%j.out" not in got  # the point's own output name would fight the array's
+
+
 def test_container_steps_run_in_the_image_and_the_nodes_step_on_the_host():
     recipe, overrides = VARIANTS["gsm8k-grpo+sunk"]
     script = render(load(recipe, overrides).recipe)
