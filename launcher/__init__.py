@@ -6,3 +6,15 @@ commands) -> cli (thin).
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):  # the Python API, loaded on first use (the CLI does not pay for it)
+    if name in ("submit", "merge", "wait_merge", "Run"):
+        from . import api
+
+        return getattr(api, name)
+    if name in ("RecipeError", "SlurmError"):
+        from . import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'launcher' has no attribute {name!r}")

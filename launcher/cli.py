@@ -37,8 +37,9 @@ def _positive(text: str) -> int:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="verl-launch",
-        description="Render, check and submit VERL runs (Ray + Weave tracing) to Slurm, "
-                    "and follow them: list, status, logs, cancel.",
+        description="Render, check and submit VERL runs (Ray + Weave tracing) to Slurm, one run or a "
+                    "sweep (-m, one job array); follow them: list, status, logs, cancel; and merge a run's "
+                    "checkpoint into a Hugging Face model.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"verl-launch {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -104,6 +105,23 @@ def _parser() -> argparse.ArgumentParser:
     imp.add_argument("-o", "--output", metavar="DIR", default=".",
                      help="directory on shared storage for the .sqsh (default: here)")
     imp.add_argument("--dry-run", action="store_true", help="print the command and the path; run nothing")
+    mg = sub.add_parser("merge", help="turn a run's FSDP checkpoint into a Hugging Face model (verl's merger, "
+                                      "as a one-node job)",
+                        description="Merge a run's FSDP checkpoint into a Hugging Face model with verl's own merger "
+                                    "(python -m verl.model_merger merge --backend fsdp), as a one-node Slurm job "
+                                    "submitted with submitit, sized from the checkpoint, with the run's interpreter, "
+                                    "setup and container. The result is checked (config, weights load, parameter "
+                                    "count) and recorded in the run's run.json.")
+    mg.add_argument("ref", metavar="RUN|CHECKPOINT_DIR",
+                    help="a run (job id or run directory) or a checkpoint directory (verl's default_local_dir, "
+                         "a global_step_N in it, or its actor/)")
+    mg.add_argument("--step", default="latest", metavar="N|latest",
+                    help="which checkpoint (default: latest, from latest_checkpointed_iteration.txt)")
+    mg.add_argument("--target", metavar="DIR", help="where the model goes (default: huggingface_merged beside "
+                                                    "the step's actor/)")
+    mg.add_argument("--local", action="store_true", help="run it here (submitit's local executor), not under Slurm")
+    mg.add_argument("--wait", action="store_true", help="wait for it; exit 0 if the merge succeeded, 1 otherwise")
+    mg.add_argument("--json", action="store_true", help='print one JSON object: {"job_id", "target", "step"}')
     cn = sub.add_parser("cancel", help="scancel a run and wait for its terminal state",
                         description="scancel a run, wait for its terminal state, and record it in the run.")
     cn.add_argument("ref", metavar="JOB|RUN_DIR")
@@ -133,7 +151,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             from . import sweep_cli
 
             return _flushed(getattr(sweep_cli, f"cmd_{args.command}")(args))
-        own = {"render": cmd_render, "check": cmd_check, "submit": cmd_submit, "image": cmd_image}
+        own = {"render": cmd_render, "check": cmd_check, "submit": cmd_submit, "image": cmd_image,
+               "merge": cmd_merge}
         if args.command in own:
             code = own[args.command](args)
         else:
@@ -165,21 +184,9 @@ def _fail(message: str, code: int) -> int:
 
 
 def _load(args):
-    from .recipe import load
+    from .api import load
 
-    overrides = list(args.overrides)
-    if not getattr(args, "local", False):
-        return load(args.recipe, overrides)
-    from .local import local_overrides
-
-    asked = load(args.recipe, overrides).recipe.cluster
-    loaded = load(args.recipe, overrides + local_overrides(os.environ))
-    here = loaded.recipe.cluster
-    for name in ("nodes", "gpus_per_node"):  # say what --local changes, rather than change it silently
-        if getattr(asked, name) != getattr(here, name):
-            print(f"--local: cluster.{name}={getattr(here, name)} here (the recipe asks for {getattr(asked, name)})",
-                  file=sys.stderr)
-    return loaded
+    return load(args.recipe, args.overrides, getattr(args, "local", False), os.environ, notes=sys.stderr)
 
 
 def cmd_render(args) -> int:
@@ -241,30 +248,9 @@ def cmd_check(args) -> int:
 
 
 def _preflight(loaded, out):
-    """verl's own checks, the version rules and the trace volume, printed to ``out``; the
-    CPU need again, from the values verl resolved."""
-    from . import preflight
-    from .checks import check_capacity
-    from .verl_versions import rules_for
+    from .api import preflight
 
-    r = loaded.recipe
-    pre = preflight.run(r, os.environ)
-    print(f"preflight   {pre.status}: {pre.message}", file=out)
-    need = check_capacity(r, pre.config, loaded.blame)
-    if need:
-        print(f"cpus        {r.cluster.cpus_per_task} per node for Ray; {need.explain()}", file=out)
-    for rule in rules_for(r):
-        print(f"verl rule   {rule.key}={rule.value!r}: {rule.why}", file=out)
-    per_step = preflight.trace_volume(r, pre.config)
-    if per_step is not None and r.trace.backend != "none":
-        how = ("every sample" if r.trace.max_samples_per_step_per_worker is None else
-               f"max_samples_per_step_per_worker={r.trace.max_samples_per_step_per_worker} per agent-loop worker")
-        print(f"traces      about {per_step} per training step ({how}, all rollouts of each)", file=out)
-        if per_step > r.trace.warn_traces_per_step:
-            print(f"WARNING     {per_step} traces per step is above trace.warn_traces_per_step="
-                  f"{r.trace.warn_traces_per_step}: set trace.max_samples_per_step_per_worker "
-                  "(verl's docs warn of tens of GB a day)", file=out)
-    return pre
+    return preflight(loaded, os.environ, out)
 
 
 def cmd_image(args) -> int:
@@ -286,15 +272,33 @@ def cmd_image(args) -> int:
     return 0
 
 
-def cmd_submit(args) -> int:
-    from .secrets import require
-    from .slurm import plan, schedule
+def cmd_merge(args) -> int:
+    from .api import merge, wait_merge
 
-    loaded = _load(args)
-    require(loaded.recipe, os.environ)
-    if not args.no_check:
-        _preflight(loaded, sys.stderr)
-    req = plan(loaded)
+    job = merge(args.ref, args.step, args.target, args.local)
+    info = job.verl_launch
+    out = sys.stderr if args.json else sys.stdout
+    where = "here (submitit's local executor)" if args.local else f"as Slurm job {info['job_id']}"
+    print(f"merging step {info['step']} of {info['checkpoint']} {where}, {info['mem_gb']} GB of memory", file=out)
+    print(f"  target  {info['target']}", file=out)
+    print(f"  output  {job.paths.stdout}", file=out)
+    result = {"job_id": info["job_id"], "target": info["target"], "step": info["step"]}
+    if args.wait:
+        try:
+            wait_merge(job, on_change=lambda state: print(f"  {state}", file=out, flush=True))
+        except SlurmError as e:
+            return _fail(f"error: {e}", EXIT_FAILED)
+        print(f"merged: {info['target']}", file=out)
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def cmd_submit(args) -> int:
+    from .api import prepare
+    from .slurm import schedule
+
+    loaded, req = prepare(args.recipe, args.overrides, args.local, not args.no_check, os.environ, sys.stderr)
     if args.dry_run:
         command = f"bash {req.paths.SCRIPT} (here, without Slurm, in {req.paths.run_dir})" if args.local else str(req)
         if args.json:

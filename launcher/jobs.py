@@ -152,6 +152,7 @@ def cmd_status(args) -> int:
     row = _row(run, _states([run])[run["run_dir"]])
     row["links"] = wandb_links(run)
     row["stdout"] = str(RunPaths(Path(run["run_dir"])).stdout(run["job_id"]))
+    row["merges"] = _merges(run)
     if args.json:
         print(redact(json.dumps(row)))
         return 0
@@ -173,7 +174,36 @@ def cmd_status(args) -> int:
     print(f"output     {row['stdout']}")
     for name, url in row["links"].items():
         print(f"W&B {name:<7} {url}")
+    for m in row["merges"]:
+        done = f"merged, {m['parameters']:,} parameters" if m.get("parameters") else m["state"]
+        print(f"merge      step {m['step']} -> {m['target']}: {done} (job {m['job_id']})")
     return 0
+
+
+def _merges(run: dict) -> list:
+    """The run's merges (`verl-launch merge`), each with its outcome: the merged model's own
+    marker when it is there, else the merge job's Slurm state."""
+    from .merge_job import MARKER
+
+    try:
+        merges = json.loads(RunPaths(Path(run["run_dir"])).record.read_text()).get("merges", [])
+    except (OSError, ValueError):
+        return []
+    out = []
+    for m in merges:
+        try:
+            mark = json.loads((Path(m["target"]) / MARKER).read_text())
+        except (OSError, ValueError, KeyError):
+            mark = {}
+        if mark.get("step") == m.get("step") and str(mark.get("job_id")) == str(m.get("job_id")):
+            m = dict(m, state="COMPLETED", parameters=mark.get("parameters"))
+        elif m.get("local"):
+            m = dict(m, state="not merged (a local merge that did not finish)")
+        else:
+            info = slurm.job_info(str(m.get("job_id")))
+            m = dict(m, state=info.get("JobState", "UNKNOWN") if info else "UNKNOWN (Slurm no longer knows the job)")
+        out.append(m)
+    return out
 
 
 def _sweep_status(sweep: dict, args) -> int:

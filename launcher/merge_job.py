@@ -1,0 +1,283 @@
+"""After training: a run's FSDP checkpoint becomes a Hugging Face model, with verl's own merger
+(`python -m verl.model_merger merge --backend fsdp`), as a one-node job submitted with submitit.
+
+The merger loads every shard into host RAM (about 4-5 bytes per parameter), so it runs on a
+compute node, sized from the checkpoint, with the run's interpreter, setup, environment and
+container. The merged model is written beside the target, checked (its config, its weights
+load with transformers with no key missing or left over, its parameter count), then moved into
+place whole, with a marker naming the step it came from; the run's run.json records it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from .errors import RecipeError
+from .paths import RunPaths
+
+TRACKER = "latest_checkpointed_iteration.txt"  # verl writes it after each complete save
+MARKER = "verl-launch-merge.json"  # in a merged model: where it came from
+CMDLINE = "command line"
+
+
+@dataclass
+class Checkpoint:
+    root: Path  # verl's trainer.default_local_dir
+    step: int
+    world_size: int
+    shard_bytes: int  # the model shards, on disk
+
+    @property
+    def actor(self) -> Path:
+        return self.root / f"global_step_{self.step}" / "actor"
+
+
+@dataclass
+class MergeSpec:
+    """What the merge job needs; pickled by submitit, so it holds no secret."""
+    checkpoint: str  # the actor directory
+    step: int
+    target: str
+    python: str  # the run's interpreter, which has verl
+    env: dict = field(default_factory=dict)  # the recipe's env
+    container: List[str] = field(default_factory=list)  # pyxis options: the merger runs in the image
+    run_dir: Optional[str] = None
+
+
+# ----------------------------------------------------------------------------- finding it
+def checkpoint_root(run: dict) -> Path:
+    """A run's checkpoint directory: trainer.default_local_dir from its resolved recipe, or
+    verl's default (checkpoints/<project>/<experiment> under the run directory, the driver's cwd)."""
+    import yaml
+
+    run_dir = Path(run["run_dir"])
+    try:
+        recipe = yaml.safe_load(RunPaths(run_dir).recipe.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        recipe = {}
+    overrides = (recipe.get("verl") or {}).get("overrides") or {}
+    flat = {k: v for k, v in overrides.items() if not isinstance(v, dict)}
+    ckpt = flat.get("trainer.default_local_dir") or (overrides.get("trainer") or {}).get("default_local_dir")
+    if isinstance(ckpt, str) and ckpt:
+        return Path(ckpt) if os.path.isabs(ckpt) else run_dir / ckpt
+    project = (recipe.get("wandb") or {}).get("project") or run.get("project")
+    return run_dir / "checkpoints" / str(project) / str(run.get("experiment"))
+
+
+def find(ref: str, step: str = "latest"):
+    """(the checkpoint, the run it belongs to or None) for RUN_DIR, JOB_ID or a checkpoint
+    directory (verl's default_local_dir, one of its global_step_N, or that step's actor/)."""
+    from . import registry
+
+    run = None
+    path = Path(ref).expanduser()
+    if path.is_dir() and (path / TRACKER).exists() or any(path.glob("global_step_*")):
+        root = path
+    elif path.name == "actor" and path.parent.name.startswith("global_step_"):
+        root, step = path.parent.parent, step if step != "latest" else path.parent.name.split("_")[-1]
+    elif path.name.startswith("global_step_") and path.is_dir():
+        root, step = path.parent, step if step != "latest" else path.name.split("_")[-1]
+    else:
+        run = registry.find(ref)
+        if run is None:
+            raise RecipeError(f"{ref!r} is neither a run (job id or run directory in {registry.registry_file()}) "
+                              "nor a checkpoint directory", where=CMDLINE)
+        if run.get("kind") == "sweep":
+            raise RecipeError(f"{ref} is a sweep: merge one of its points (e.g. {run['job_id']}_0)", where=CMDLINE)
+        root = checkpoint_root(run)
+    return inspect(root, step), run
+
+
+def inspect(root: Path, step: str = "latest") -> Checkpoint:
+    """The checkpoint at STEP under ROOT, complete; else exit 2 saying what is missing."""
+    if not root.is_dir():
+        raise RecipeError(f"no checkpoint directory {root} (did the run save one? trainer.save_freq)", where=CMDLINE)
+    if step == "latest":
+        try:
+            text = (root / TRACKER).read_text().strip()
+        except OSError:
+            raise RecipeError(f"{root} has no {TRACKER}: verl has not finished saving a checkpoint there "
+                              "(give --step N to take one anyway)", where=CMDLINE) from None
+        if not text.isdigit():
+            raise RecipeError(f"{root / TRACKER} holds {text[:40]!r}, not a step", where=CMDLINE)
+        n = int(text)
+    elif str(step).isdigit():
+        n = int(step)
+    else:
+        raise RecipeError(f"--step {step!r}: a step number or 'latest'", where=CMDLINE)
+    actor = root / f"global_step_{n}" / "actor"
+    if not actor.is_dir():
+        have = sorted(int(p.name.split("_")[-1]) for p in root.glob("global_step_*") if p.name.split("_")[-1].isdigit())
+        raise RecipeError(f"no checkpoint of step {n} ({actor} is missing; steps here: "
+                          f"{', '.join(map(str, have)) or 'none'})", where=CMDLINE)
+    if (actor / "lora_train_meta.json").exists() or (actor / "lora_adapter").exists():
+        raise RecipeError(f"{actor} is a LoRA checkpoint: verl's merger does not fold the adapter into the base "
+                          "weights (it writes it apart, as lora_adapter/); merge it with peft's merge_and_unload "
+                          "on the base model instead", where=CMDLINE)
+    try:
+        world = json.loads((actor / "fsdp_config.json").read_text())["world_size"]
+    except (OSError, ValueError, KeyError, TypeError):
+        if any(actor.glob("dist_ckpt")) or (actor / "model").is_dir():
+            raise RecipeError(f"{actor} is a Megatron checkpoint: only FSDP checkpoints are merged here",
+                              where=CMDLINE) from None
+        raise RecipeError(f"{actor} is not a complete FSDP checkpoint: fsdp_config.json (world_size) is missing "
+                          "or unreadable", where=CMDLINE) from None
+    shards = [actor / f"model_world_size_{world}_rank_{r}.pt" for r in range(int(world))]
+    missing = [s.name for s in shards if not s.is_file() or s.stat().st_size == 0]
+    if missing:
+        raise RecipeError(f"{actor} is a partial checkpoint: {len(missing)} of {world} model shards missing or "
+                          f"empty ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})", where=CMDLINE)
+    if not (actor / "huggingface" / "config.json").is_file():
+        raise RecipeError(f"{actor} has no huggingface/config.json: verl saves the model's config there; "
+                          "without it the merger cannot build the model", where=CMDLINE)
+    return Checkpoint(root=root, step=n, world_size=int(world), shard_bytes=sum(s.stat().st_size for s in shards))
+
+
+def target_for(ckpt: Checkpoint, target: Optional[str]) -> Path:
+    """--target, or `huggingface_merged` beside the step's actor/. An existing one must be an
+    earlier merge of this very step (then it is replaced); anything else is refused."""
+    path = Path(target).expanduser().absolute() if target else ckpt.actor.parent / "huggingface_merged"
+    if path.exists() or path.is_symlink():
+        try:
+            mark = json.loads((path / MARKER).read_text())
+        except (OSError, ValueError):
+            mark = {}
+        if mark.get("checkpoint") != str(ckpt.actor) or mark.get("step") != ckpt.step:
+            raise RecipeError(f"{path} exists and is not an earlier merge of step {ckpt.step} of {ckpt.actor}: "
+                              "choose another --target (nothing was overwritten)", where=CMDLINE)
+    return path
+
+
+def mem_gb(ckpt: Checkpoint) -> int:
+    """Host RAM for the merger: the shards (fp32 on disk) held whole, once more as they are
+    merged, and the bf16 copy it saves, plus the interpreter (~4 GB)."""
+    return max(8, math.ceil(ckpt.shard_bytes * 2.5 / 2**30) + 4)
+
+
+# ----------------------------------------------------------------------------- the job
+def run(spec: MergeSpec) -> str:
+    """The merge job itself (on the compute node, through submitit): verl's merger into a
+    temporary directory beside the target, the check, then the rename; returns the target."""
+    target = Path(spec.target)
+    tmp = target.parent / f".{target.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    env = dict(os.environ, **spec.env)
+    merger = [spec.python, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+              "--local_dir", spec.checkpoint, "--target_dir", str(tmp)]
+    check = [spec.python, "-c", _CHECK, str(tmp)]
+    if spec.container:  # the image has verl; this step runs it there
+        merger = ["srun", "--overlap", "--ntasks=1", *spec.container, *merger]
+        check = ["srun", "--overlap", "--ntasks=1", *spec.container, *check]
+    try:
+        print(f"verl-launch merge: {' '.join(merger)}", flush=True)
+        subprocess.run(merger, env=env, check=True, stdin=subprocess.DEVNULL)
+        out = subprocess.run(check, env=env, check=True, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+        report.update(checkpoint=spec.checkpoint, step=spec.step, merged=time.time(),
+                      job_id=os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"))
+        (tmp / MARKER).write_text(json.dumps(report, indent=2) + "\n")
+        if target.exists():  # an earlier merge of this step (target_for checked)
+            shutil.rmtree(target)
+        tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"verl-launch merge: {target} ({report['parameters']} parameters, {report['dtype']})", flush=True)
+    return str(target)
+
+
+# Run by the run's interpreter on the merged model: its config, every weight loaded by
+# transformers (none missing, none left over), the parameter count.
+_CHECK = """
+import json, sys
+from transformers import AutoConfig, AutoModelForCausalLM
+path = sys.argv[1]
+config = AutoConfig.from_pretrained(path)
+model, info = AutoModelForCausalLM.from_pretrained(path, torch_dtype="auto", output_loading_info=True)
+bad = {k: sorted(v)[:5] for k, v in info.items() if k != "error_msgs" and v}
+if bad or info.get("error_msgs"):
+    sys.exit(f"the merged weights do not load cleanly: {bad or info['error_msgs']}")
+print(json.dumps({"architectures": config.architectures, "parameters": sum(p.numel() for p in model.parameters()),
+                  "dtype": str(model.dtype).replace("torch.", "")}))
+"""
+
+
+def executor(folder: Path, r, ckpt: Checkpoint, local: bool):
+    """submitit's executor for one node: the recipe's partition, account, qos, setup, container
+    (pyxis options go to the merger's own step); memory sized from the checkpoint."""
+    import submitit
+
+    ex = submitit.AutoExecutor(folder=str(folder), cluster="local" if local else "slurm")
+    params = dict(name=f"{r.job.name if r else 'verl'}-merge", timeout_min=_minutes(r), mem_gb=mem_gb(ckpt),
+                  cpus_per_task=min(8, r.cluster.cpus_per_task) if r else 8, nodes=1, tasks_per_node=1)
+    if not local:
+        c = r.cluster if r else None
+        for name in ("partition", "account", "qos"):
+            if c is not None and getattr(c, name):
+                params[f"slurm_{name}"] = getattr(c, name)
+        if r is not None and r.runtime.setup:
+            params["slurm_setup"] = list(r.runtime.setup)
+    ex.update_parameters(**params)
+    return ex
+
+
+def _minutes(r) -> int:
+    """Two hours, or the recipe's own limit if that is shorter."""
+    if r is None or not r.cluster.time:
+        return 120
+    from .checks import _seconds
+
+    secs = _seconds(r.cluster.time)
+    return max(1, min(120, secs // 60)) if secs else 120
+
+
+def spec_for(ckpt: Checkpoint, target: Path, r, run: Optional[dict]) -> MergeSpec:
+    from .render import container_args
+
+    python = r.runtime.python if r is not None else sys.executable
+    resolved = shutil.which(python) or python
+    return MergeSpec(checkpoint=str(ckpt.actor), step=ckpt.step, target=str(target), python=resolved,
+                     env=dict(r.env) if r is not None else {}, container=container_args(r) if r is not None else [],
+                     run_dir=run["run_dir"] if run else None)
+
+
+def load_run_recipe(run: Optional[dict]):
+    """The run's recipe as it ran (its resolved recipe.yaml), or None."""
+    if run is None:
+        return None
+    from omegaconf import OmegaConf
+
+    from .schema import Recipe
+
+    try:
+        data = OmegaConf.load(RunPaths(Path(run["run_dir"])).recipe)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Recipe), data))
+    except Exception:  # noqa: BLE001 - an older or edited record: merge with the defaults
+        return None
+
+
+def record(run: Optional[dict], entry: dict) -> None:
+    """The merge in the run's run.json (`merges`, newest last)."""
+    if run is None:
+        return
+    paths = RunPaths(Path(run["run_dir"]))
+    try:
+        rec = json.loads(paths.record.read_text())
+    except (OSError, ValueError):
+        return
+    merges = [m for m in rec.get("merges", []) if m.get("job_id") != entry.get("job_id")]
+    rec["merges"] = merges + [entry]
+    paths.write_record(rec)
+
+
+def as_dict(spec: MergeSpec) -> dict:
+    return {k: v for k, v in asdict(spec).items() if k != "env"}
