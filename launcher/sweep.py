@@ -80,6 +80,12 @@ def expand(overrides: List[str], max_points: int = MAX_POINTS):
     if twice:
         raise RecipeError(f"{twice[0]} is given twice: one override per key in a sweep", where="command line",
                           key=twice[0].lstrip("+~"))
+    total = 1
+    for p in parsed:
+        total *= _count(p)
+    if total > max_points:  # counted before expanding: range(0,1e9) must not be built first
+        raise RecipeError(f"the sweep has {total} points, more than --max-points={max_points} "
+                          "(raise it if you mean it)", where="command line")
     try:
         points = BasicSweeper.split_arguments(parsed, None)[0]
     except HydraException as e:  # interval() and other sweeps only a search sweeper takes
@@ -100,6 +106,21 @@ def expand(overrides: List[str], max_points: int = MAX_POINTS):
             raise RecipeError(f"points {prev} and {i} are the same ({' '.join(own)}): a value is listed twice",
                               where="command line", key=(twice or swept)[0].lstrip("+~"))
     return swept, points
+
+
+def _count(override) -> int:
+    """How many values an override gives, without listing them."""
+    import math
+
+    if not override.is_sweep_override():
+        return 1
+    value = override.value()
+    if all(hasattr(value, a) for a in ("start", "stop", "step")):
+        try:
+            return max(0, math.ceil((value.stop - value.start) / value.step))
+        except (TypeError, ZeroDivisionError):
+            return 0
+    return len(getattr(value, "list", None) or [])
 
 
 def labels(keys: List[str]) -> List[str]:

@@ -36,6 +36,7 @@ def test_hydra_expands_lists_ranges_and_choices_in_order():
     (["a=1,1"], "points 0 and 1 are the same"),
     (["a=1,2", "a=3,4"], "given twice"),
     (["a=range(0,300)"], "more than --max-points=256"),
+    (["a=range(0,1000000000)", "b=1,2"], "2000000000 points"),  # counted, never built
     (["a=[1"], "not Hydra syntax"),
 ])
 def test_bad_sweeps_are_refused(overrides, words):
