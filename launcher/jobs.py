@@ -99,7 +99,8 @@ def _sweep_row(sweep: dict, rows: list) -> dict:
                                   "FAILED" if counts else "UNKNOWN")
     return {"job_id": sweep["job_id"] or "-", "name": sweep.get("job_name"), "experiment": sweep.get("name"),
             "kind": "sweep", "state": state, "counts": counts, "nodes": sweep.get("nodes"),
-            "elapsed": max((r["elapsed"] for r in rows if r["elapsed"] != "-"), default="-"),
+            "elapsed": max((r["elapsed"] for r in rows if r["elapsed"] != "-"), default="-",
+                           key=lambda e: [int(x) for x in e.split(":")]),
             "run_dir": sweep["run_dir"], "points": rows, "restart": 0}
 
 
