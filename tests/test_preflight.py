@@ -5,11 +5,12 @@ anything is queued; the version rules; the trace volume; every shipped recipe pa
 from __future__ import annotations
 
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from conftest import RECIPES
+from launcher import preflight
+from launcher.errors import RecipeError
 from launcher.overrides import verl_args
 from launcher.recipe import load
 from test_bad_input import _tripwire
@@ -41,16 +42,24 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+")
 
 
+def _cli_args(*overrides, extra=None) -> list:
+    return [PY, *(f"verl.overrides.{o}" if not o.startswith("+") else f"+verl.overrides.{o[1:]}" for o in overrides),
+            *([f"verl.extra_keys=[{extra}]"] if extra else [])]
+
+
 def _check(cli, env, *overrides, extra=None):
-    return cli("check", GSM8K, PY, *(f"verl.overrides.{o}" if not o.startswith("+") else
-                                     f"+verl.overrides.{o[1:]}" for o in overrides),
-               *([f"verl.extra_keys=[{extra}]"] if extra else []), env=env, timeout=300)
+    return cli("check", GSM8K, *_cli_args(*overrides, extra=extra), env=env, timeout=300)
 
 
 def test_misspelt_or_invalid_verl_overrides_fail_check_with_verls_message(cli, clean_env):
-    with ThreadPoolExecutor(2) as pool:  # each one composes verl's config in a fresh interpreter
-        results = list(pool.map(lambda case: _check(cli, clean_env, case[0], extra=_key(case[0])), REFUSED))
-    for (override, text), proc in zip(REFUSED, results):
+    # Every case through verl itself, in one verl process (as a sweep's points are checked)...
+    recipes = [load(GSM8K, _cli_args(case, extra=_key(case))).recipe for case, _ in REFUSED]
+    for (override, text), res in zip(REFUSED, preflight.run_many(recipes, clean_env)):
+        assert isinstance(res, RecipeError), (override, res)
+        assert "verl 0.9.1 rejects the overrides" in str(res) and text in str(res), (override, str(res))
+    # ...and through the CLI for two of them (Hydra's stage; the dataclasses' stage): exit 2, verl's words
+    for override, text in (REFUSED[0], REFUSED[3]):
+        proc = _check(cli, clean_env, override, extra=_key(override))
         assert proc.returncode == 2, (override, proc.stdout[-500:], proc.stderr)
         assert "verl 0.9.1 rejects the overrides" in proc.stderr and text in proc.stderr, (override, proc.stderr)
         assert "Traceback" not in proc.stderr
@@ -85,12 +94,17 @@ def test_verls_ok_is_cached_for_the_same_verl_and_overrides(cli, clean_env, tmp_
     assert not marker.exists()
 
 
-def test_every_shipped_recipe_passes_check(cli, clean_env):
-    for recipe in sorted(RECIPES.glob("*.yaml")):
+def test_every_shipped_recipe_passes_check(cli, clean_env, monkeypatch):
+    monkeypatch.setenv("HOME", clean_env["HOME"])  # recipes read ${oc.env:HOME}: as the CLI below will
+    shipped = sorted(RECIPES.glob("*.yaml"))
+    # verl's verdicts for all of them in one verl process; `check` then finds them in its cache
+    verdicts = preflight.run_many([load(r, [PY]).recipe for r in shipped], clean_env)
+    assert not [v for v in verdicts if isinstance(v, RecipeError)], verdicts
+    for recipe in shipped:
         proc = cli("check", recipe, PY, env=clean_env, timeout=300)
         assert proc.returncode == 0, (recipe.name, proc.stderr)
         if load(recipe).recipe.verl.entrypoint.startswith("verl."):
-            assert "preflight   ok: verl 0.9.1" in proc.stdout, (recipe.name, proc.stdout)
+            assert "preflight   ok: verl 0.9.1" in proc.stdout and "(cached" in proc.stdout, (recipe.name, proc.stdout)
         else:  # the sandbox demo's stand-in payload is not verl
             assert "preflight   skipped" in proc.stdout
 
