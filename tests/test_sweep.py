@@ -143,18 +143,16 @@ def test_verls_preflight_runs_once_for_all_points_and_names_the_rejected_one(cli
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     env, marker = _tripwire(tmp_path / "t", clean_env)
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")
-    ok = cli("check", GSM8K, f"runtime.python={wrapper}", "-m", "verl.overrides.data.seed=1,2,3",
-             "verl.overrides.actor_rollout_ref.rollout.n=2,4", env=env, timeout=300)
-    assert ok.returncode == 0, ok.stderr
-    assert "ok: submit -m would queue this sweep (6 points)" in ok.stdout
-    assert log.read_text().count("preflight") == 1
     bad = cli("submit", GSM8K, f"runtime.python={wrapper}", f"paths.runs={tmp_path / 'runs'}", "-m",
-              "verl.overrides.data.train_batch_size=512,1000", env=env, timeout=300)
+              "verl.overrides.data.seed=1,2,3", "verl.overrides.data.train_batch_size=512,1000", env=env, timeout=300)
     assert bad.returncode == 2, bad.stderr
-    assert "sweep point 1: verl.overrides.data.train_batch_size=1000" in bad.stderr
+    assert "(sweep point 1: verl.overrides.data.seed=1 verl.overrides.data.train_batch_size=1000)" in bad.stderr
     assert "must be divisible by minimal possible batch size" in bad.stderr
-    assert log.read_text().count("preflight") == 2  # both points new to the cache: one more process
+    assert log.read_text().count("preflight") == 1  # six points, one verl process
     assert not marker.exists() and not (tmp_path / "runs").exists()
+    ok = cli("check", GSM8K, f"runtime.python={wrapper}", "-m", "verl.overrides.data.seed=1,2,3", env=env, timeout=300)
+    assert ok.returncode == 0 and "ok: submit -m would queue this sweep (3 points)" in ok.stdout, ok.stderr
+    assert log.read_text().count("preflight") == 2  # three points, one more verl process
 
 
 def test_a_secret_in_a_point_is_refused_without_showing_any_value(cli, tmp_path, clean_env, wandb_key):

@@ -81,16 +81,39 @@ def test_a_sweep_is_one_array_with_its_own_values_names_and_ports_per_point(cli,
     assert whole.returncode == 2 and f"e.g. {array}_0" in whole.stderr
 
 
-def test_cancel_ends_every_point_running_or_pending_and_leaves_no_process(cli, sandbox, env, tmp_path):
-    info = _sweep(cli, env, tmp_path, "verl.overrides.data.seed=1,2,3", "verl.overrides.demo.hold=300",
-                  "--max-parallel", "2")
+def test_requeue_of_one_point_and_cancel_of_the_whole_sweep(cli, sandbox, env, tmp_path):
+    """A requeued point restarts alone and resumes as itself; then cancel ends every point,
+    running or pending, and leaves no process."""
+    from test_requeue import _phases, _reported, _wait_phase, _wait_until
+
+    info = _sweep(cli, env, tmp_path, "verl.overrides.data.seed=1,2,3", "cluster.requeue=true",
+                  "verl.overrides.demo.hold=300", "--max-parallel", "2")
     array = info["job_id"]
-    deadline = time.monotonic() + 90
-    while _running(sandbox, array) < 2:
-        assert time.monotonic() < deadline, sandbox.run("squeue", "-r").stdout
-        time.sleep(0.5)
-    time.sleep(3)  # Ray is starting on both running points
-    proc = cli("cancel", array, env=env, timeout=180)
+    first, second, _ = info["points"]
+    try:
+        for p in (first, second):
+            _wait_phase(sandbox, p["job_id"], p["run_dir"], "driver-start", 0)
+            _wait_until(lambda: _reported(p["run_dir"], 0))
+        # the third point waits for a slot (--max-parallel 2): held, it cannot take the requeued one's
+        assert sandbox.run("scontrol", "hold", f"{array}_2").returncode == 0
+        assert sandbox.run("scontrol", "requeue", second["job_id"]).returncode == 0
+        _wait_phase(sandbox, second["job_id"], second["run_dir"], "driver-start", 1)
+        _wait_until(lambda: _reported(second["run_dir"], 1))
+        assert sandbox.run("scontrol", "release", f"{array}_2").returncode == 0
+        again = json.loads((Path(second["run_dir"]) / "demo-report.r1.json").read_text())
+        before = json.loads((Path(second["run_dir"]) / "demo-report.r0.json").read_text())
+        assert again["driver"]["SLURM_RESTART_COUNT"] == "1"
+        assert again["overrides"]["trainer.resume_mode"] == "auto"
+        for key in ("trainer.experiment_name", "trainer.default_local_dir", "data.seed"):
+            assert again["overrides"][key] == before["overrides"][key]
+        assert again["driver"]["WANDB_RUN_ID"] == before["driver"]["WANDB_RUN_ID"]
+        assert again["overrides"]["data.seed"] == 2
+        # the other point ran on, untouched
+        assert {p["restart"] for p in _phases(first["run_dir"])} == {0}
+        assert sandbox.job_field(first["job_id"], "JobState") == "RUNNING"
+        assert sandbox.job_field(f"{array}_2", "JobState") == "PENDING"  # cancel ends it too
+    finally:
+        proc = cli("cancel", array, env=env, timeout=180)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.split("\n")[:3]) == [f"job {array}_{i} CANCELLED" for i in range(3)], proc.stdout
     deadline = time.monotonic() + 30
@@ -112,31 +135,3 @@ def test_an_ended_sweeps_states_come_from_accounting_after_the_controller_forget
     states = [(r["overrides"], r["state"], r["source"]) for r in st["points"]]
     assert all(r[2] != "scontrol" for r in states), states
     assert [r[1] for r in states] == ["FAILED", "COMPLETED"], states
-
-
-def test_requeue_of_one_point_restarts_only_that_point_and_it_resumes_as_itself(cli, sandbox, env, tmp_path):
-    from test_requeue import _phases, _reported, _wait_phase, _wait_until
-
-    info = _sweep(cli, env, tmp_path, "verl.overrides.data.seed=1,2", "cluster.requeue=true",
-                  "verl.overrides.demo.hold=600")
-    first, second = info["points"]
-    try:
-        for p in info["points"]:
-            _wait_phase(sandbox, p["job_id"], p["run_dir"], "driver-start", 0)
-            _wait_until(lambda: _reported(p["run_dir"], 0))
-        assert sandbox.run("scontrol", "requeue", second["job_id"]).returncode == 0
-        _wait_phase(sandbox, second["job_id"], second["run_dir"], "driver-start", 1)
-        _wait_until(lambda: _reported(second["run_dir"], 1))
-        again = json.loads((Path(second["run_dir"]) / "demo-report.r1.json").read_text())
-        before = json.loads((Path(second["run_dir"]) / "demo-report.r0.json").read_text())
-        assert again["driver"]["SLURM_RESTART_COUNT"] == "1"
-        assert again["overrides"]["trainer.resume_mode"] == "auto"
-        for key in ("trainer.experiment_name", "trainer.default_local_dir", "data.seed"):
-            assert again["overrides"][key] == before["overrides"][key]
-        assert again["driver"]["WANDB_RUN_ID"] == before["driver"]["WANDB_RUN_ID"]
-        assert again["overrides"]["data.seed"] == 2
-        # the other point ran on, untouched
-        assert [p["restart"] for p in _phases(first["run_dir"])] == [0] * len(_phases(first["run_dir"]))
-        assert sandbox.job_field(first["job_id"], "JobState") == "RUNNING"
-    finally:
-        cli("cancel", info["job_id"], env=env, timeout=180)
