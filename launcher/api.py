@@ -12,6 +12,7 @@ a failed Slurm command raises SlurmError (exit 1).
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 import time
@@ -34,7 +35,7 @@ def prepare(recipe, overrides: List[str] = (), local: bool = False, check: bool 
     loaded = load(recipe, overrides, local, environ, notes=out)
     require(loaded.recipe, environ)
     if check:
-        preflight(loaded, environ, out if out is not None else open(os.devnull, "w"))
+        preflight(loaded, environ, out if out is not None else io.StringIO())  # no reader: the report is dropped
     return loaded, plan(loaded)
 
 
