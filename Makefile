@@ -68,8 +68,9 @@ bench: install
 bench-check: install
 	$(PY) bench/check_bench.py
 
+# Each simulated node gets its own CPU budget (a cgroup quota), or 4 nodes share 2 cores.
 bench-bringup: install
-	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/bringup_bench.py
+	@eval "$$(SANDBOX_NODE_CPU=$${SANDBOX_NODE_CPU:-0.45} bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/bringup_bench.py
 
 bench-inputs-check: install
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/inputs_check_bench.py

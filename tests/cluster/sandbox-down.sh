@@ -8,6 +8,7 @@
 #      proctrack/linuxproc, typically a daemonized `ray start`)
 #   4. stop munged, only if sandbox-up.sh started it (SANDBOX_KEEP_MUNGE=1 keeps it)
 #   5. delete the network namespaces slnode*, the veths and the bridge
+#   6. remove the per-node CPU cgroups (SANDBOX_NODE_CPU)
 set -uo pipefail   # no -e: keep tearing down whatever fails
 LAB=${SANDBOX_DIR:-/tmp/verl-launch-sandbox}
 RUN=$LAB/run CONF=$LAB/etc/slurm.conf
@@ -95,6 +96,16 @@ for dev in $(ip -o link show 2>/dev/null | awk -F': ' '{sub(/@.*/, "", $2); prin
   ip link del "$dev" >/dev/null 2>&1
 done
 if ip link show slbr0 >/dev/null 2>&1; then ip link del slbr0; fi
+
+# 6. CPU budgets: empty now (their processes are gone), so they can be removed.
+if [ -s "$RUN/cgroups" ]; then
+  while read -r cg; do
+    [[ $cg == /sys/fs/cgroup/* ]] || continue
+    rmdir "$cg" 2>/dev/null || log "could not remove cgroup $cg (processes left: $(wc -l < "$cg/cgroup.procs" 2>/dev/null))"
+    rmdir "$(dirname "$cg")" 2>/dev/null || true
+  done < "$RUN/cgroups"
+  rm -f "$RUN/cgroups"
+fi
 
 # Dangling links into a stopped sandbox would break the machine's own Slurm clients.
 for f in /etc/slurm/slurm.conf /etc/slurm/gres.conf /etc/slurm/slurmdbd.conf; do

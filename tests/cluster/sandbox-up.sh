@@ -8,6 +8,9 @@
 # port spaces like real hosts:
 #   SANDBOX_NET=netns    (default) link-local $SANDBOX_SUBNET.1N on bridge slbr0; no route out
 #   SANDBOX_NET=loopback all nodes share the host network as 127.0.0.1N, one port per node
+# Per-node CPU budget (SANDBOX_NODE_CPU=0.45: 0.45 of a core each): each slurmd, and so every
+# job process it starts, runs in a cgroup of its own with that CPU quota, so N simulated nodes
+# behave like N small machines instead of sharing this one's cores (cgroup v1 cpu or v2).
 # Fake GPUs: gres/gpu backed by character devices $SANDBOX_DIR/dev/nvidia* (= /dev/null), so
 # --gpus-per-node schedules and sets CUDA_VISIBLE_DEVICES.
 #
@@ -32,6 +35,7 @@ PARTITION=${SANDBOX_PARTITION:-debug}
 ACCT=${SANDBOX_ACCOUNTING:-none}        # none (sacct -c via jobcomp/filetxt) | dbd (MariaDB + slurmdbd)
 DBD_PORT=${SANDBOX_DBD_PORT:-6830}
 WARMUP=${SANDBOX_WARMUP:-1}             # 0 = skip the srun on every node after start (~0.5 s)
+NODE_CPU=${SANDBOX_NODE_CPU:-}          # cores per node, e.g. 0.45 (empty = no budget)
 RESET_CTLD=${SANDBOX_RESET_CTLD:-0}     # 1 = only restart a running sandbox's slurmctld with its
                                         # state wiped, so job ids start again at 1 (state loss)
 
@@ -50,10 +54,11 @@ die() { log "ERROR: $*"; exit 1; }
 [[ $GPUS =~ ^[0-9]+$ ]] || die "SANDBOX_GPUS must be a number"
 [[ $NET == netns || $NET == loopback ]] || die "SANDBOX_NET must be netns or loopback"
 [[ $ACCT == none || $ACCT == dbd ]] || die "SANDBOX_ACCOUNTING must be none or dbd"
+[[ -z $NODE_CPU || $NODE_CPU =~ ^([0-9]+\.?[0-9]*|\.[0-9]+)$ ]] || die "SANDBOX_NODE_CPU must be a number of cores, e.g. 0.45"
 
 # Editing this script changes the fingerprint, so a stale running sandbox is not reused.
 FP="nodes=$NODES cpus=$CPUS mem=$MEM_MB gpus=$GPUS net=$NET subnet=$SUBNET ctld=$CTLD_PORT"
-FP+=" slurmd=$SLURMD_PORT part=$PARTITION acct=$ACCT script=$(sha1sum < "${BASH_SOURCE[0]}" | cut -c1-12) lab=$LAB"
+FP+=" slurmd=$SLURMD_PORT part=$PARTITION acct=$ACCT nodecpu=$NODE_CPU script=$(sha1sum < "${BASH_SOURCE[0]}" | cut -c1-12) lab=$LAB"
 
 if [ "$RESET_CTLD" != 1 ] && [ "$(cat "$RUN/fingerprint" 2>/dev/null)" = "$FP" ] && SANDBOX_DIR=$LAB "$HERE/sandbox-env.sh" >/dev/null; then
   log "sandbox already up, reusing it"
@@ -108,6 +113,27 @@ start_in_ns() {
   "${pre[@]}" unshare --uts --mount --propagation private -- sh -c \
     'hostname "$0" && mount --bind "$1" /etc/hosts && mount -t tmpfs -o size=2g,mode=1777 vl-local "$2" &&
      shift 2 && exec "$@"' "$name" "$ETC/hosts" "$LAB/local" "$@"
+}
+
+# node_cgroup I: the cgroup directory for node I's CPU budget, created with the quota
+# (cgroup v1's cpu controller, else v2's cpu.max); every process moved into it is limited.
+CG_NAME=verl-sandbox-$(basename "$LAB")
+node_cgroup() {
+  local quota dir
+  quota=$(awk -v c="$NODE_CPU" 'BEGIN { q = int(c * 100000); print (q < 1000 ? 1000 : q) }')
+  if [ -w /sys/fs/cgroup/cpu ] && [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
+    dir=/sys/fs/cgroup/cpu/$CG_NAME/node$1
+    mkdir -p "$dir" && echo 100000 > "$dir/cpu.cfs_period_us" && echo "$quota" > "$dir/cpu.cfs_quota_us" || return 1
+  elif grep -qw cpu /sys/fs/cgroup/cgroup.controllers 2>/dev/null; then
+    dir=/sys/fs/cgroup/$CG_NAME
+    mkdir -p "$dir" && echo +cpu > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+    echo +cpu > "$dir/cgroup.subtree_control" || return 1
+    dir=$dir/node$1
+    mkdir -p "$dir" && echo "$quota 100000" > "$dir/cpu.max" || return 1
+  else
+    return 1
+  fi
+  echo "$dir"
 }
 
 # ---------------------------------------------------------------- controller reset (tests)
@@ -287,7 +313,14 @@ readlink "/proc/$(pid_in "$RUN/slurmctld.pid")/ns/uts" > "$RUN/ns-uts-slurmctl"
 for ((i = 1; i <= NODES; i++)); do
   netns=""
   if [ "$NET" = netns ]; then netns=slnode$i; fi
-  start_in_ns "node$i" "$netns" slurmd -N "node$i" 3>&-
+  if [ -n "$NODE_CPU" ]; then
+    cg=$(node_cgroup "$i") || die "SANDBOX_NODE_CPU: cannot create a CPU-limited cgroup (no writable cgroup v1 cpu or v2 cpu controller)"
+    echo "$cg" >> "$RUN/cgroups"
+    # The subshell joins the cgroup, then becomes slurmd: slurmd and all it starts stay in it.
+    (echo "$BASHPID" > "$cg/cgroup.procs" && start_in_ns "node$i" "$netns" slurmd -N "node$i") 3>&-
+  else
+    start_in_ns "node$i" "$netns" slurmd -N "node$i" 3>&-
+  fi
 done
 for ((i = 1; i <= NODES; i++)); do
   wait_for 100 test -s "$RUN/slurmd-node$i.pid" || true
@@ -307,5 +340,5 @@ fi
 
 # Written last: sandbox-env.sh treats its presence as "this sandbox finished starting".
 echo "$FP" > "$RUN/fingerprint"
-log "sandbox up: $NODES nodes, net=$NET, gpus/node=$GPUS, accounting=$ACCT"
+log "sandbox up: $NODES nodes, net=$NET, gpus/node=$GPUS, accounting=$ACCT${NODE_CPU:+, $NODE_CPU core(s)/node}"
 echo "export SLURM_CONF=$CONF" >&3
