@@ -137,6 +137,8 @@ def render(r: Recipe) -> str:
         cpus=r.cluster.cpus_per_task,
         object_store_memory=r.cluster.object_store_memory,
         ready_timeout=r.cluster.ready_timeout,
+        ray_start_retries=r.cluster.ray_start_retries,
+        ray_monitor=r.cluster.ray_monitor,
         requeue=r.cluster.requeue,
         exclude_bad_nodes=r.cluster.requeue and r.cluster.exclude_bad_nodes is not False,
         signal_seconds=r.cluster.signal_seconds,

@@ -36,6 +36,12 @@ class Cluster:
     exclusive: bool = False
     sbatch_args: List[str] = field(default_factory=list)  # extra directives, "--opt=value"
     ready_timeout: int = 600  # seconds for every node and GPU to join Ray
+    # A worker whose `ray start` ends before its node registered with the head (a GCS not up
+    # in time, a raylet that died starting) is started again, at most this many times.
+    ray_start_retries: int = 2
+    # Ray's autoscaler monitor on the head: a Slurm allocation never scales, and without it the
+    # head starts about 10% sooner (bench/bringup_bench.py); true for `ray status`'s summary.
+    ray_monitor: bool = False
     object_store_memory: Optional[int] = None  # bytes per node; Ray's default when null
     network_interface: Optional[str] = None  # e.g. ib0: Ray uses its address on every node
     port_range: List[int] = field(default_factory=lambda: [20000, 59999])  # Ray's ports, per job a block

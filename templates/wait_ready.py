@@ -75,27 +75,49 @@ while True:  # the head's GCS port first: ray.init would block on a closed port
         time.sleep(0.2)
 
 phase("head-up", address)
+# Ray's GCS client reads the node table that ray.nodes() reads, without ray.init(): no driver
+# to register, no workers for the raylet to start, on the head, while its own Ray is starting.
 import ray  # noqa: E402  (only once the head answers)
 
+
+def node_table():
+    """{address: GPUs} of the alive nodes."""
+    return {n.node_manager_address: n.resources_total.get("GPU", 0)
+            for n in gcs.get_all_node_info(timeout=5).values() if n.state == n.ALIVE}
+
+
+def node_table_via_driver():  # older Rays without GcsClient.get_all_node_info
+    if not ray.is_initialized():
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    return {n["NodeManagerAddress"]: n["Resources"].get("GPU", 0) for n in ray.nodes() if n["Alive"]}
+
+
+gcs = None
+read = node_table
 last = None
 joined = False
-connected = False
 while True:
-    # Under load a first ray.init or a GCS call can time out: retry until the deadline.
+    # Under load a first connection or a GCS call can time out: retry until the deadline.
     try:
-        if not connected:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-            connected = True
-        alive = {n["NodeManagerAddress"]: n for n in ray.nodes() if n["Alive"]}
+        if read is node_table and gcs is None:
+            try:
+                gcs = ray._raylet.GcsClient(address=address)
+            except AttributeError:
+                read = node_table_via_driver
+        try:
+            alive = read()
+        except AttributeError:  # a node record without these fields: ask as a driver
+            read = node_table_via_driver
+            alive = read()
     except Exception as e:  # noqa: BLE001  (any failure here is "not ready yet")
         say(f"Ray not answering yet ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
-        if connected:
+        gcs = None
+        if ray.is_initialized():
             ray.shutdown()
-            connected = False
         check_deadline_and_steps(set(expected.values()))
         time.sleep(1)
         continue
-    gpus = sum(n["Resources"].get("GPU", 0) for n in alive.values())
+    gpus = sum(alive.values())
     missing = {h for ip, h in expected.items() if ip not in alive}
     status = f"Ray {len(expected) - len(missing)}/{len(expected)} nodes, {gpus:g}/{want_gpus:g} GPUs"
     if status != last:
@@ -105,8 +127,9 @@ while True:
         phase("workers-up", f"{len(expected)} nodes")
         joined = True
     if not missing and gpus >= want_gpus:
-        ray.shutdown()
+        if ray.is_initialized():
+            ray.shutdown()
         phase("ready", f"{len(expected)} nodes, {gpus:g} GPUs")
         sys.exit(0)
     check_deadline_and_steps(missing)
-    time.sleep(0.5)
+    time.sleep(0.1)

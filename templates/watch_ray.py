@@ -62,8 +62,13 @@ def snapshot():
     # Lease requests the raylets queue for want of resources, by shape: what waits, not what starts.
     queued = [res(d.shape) for d in usage.resource_load_by_shape.resource_demands
               if d.num_ready_requests_queued or d.num_infeasible_requests_queued]
-    for nid, n in client.get_all_node_info(timeout=10).items():
-        if n.state != gcs_pb2.GcsNodeInfo.ALIVE and n.node_manager_address in hosts and nid.hex() not in dead:
+    table = client.get_all_node_info(timeout=10)
+    # A dead node whose address has a live one is a worker whose first `ray start` failed and
+    # was started again before the job was ready (cluster.ray_start_retries), not a lost node.
+    alive = {n.node_manager_address for n in table.values() if n.state == gcs_pb2.GcsNodeInfo.ALIVE}
+    for nid, n in table.items():
+        if n.state != gcs_pb2.GcsNodeInfo.ALIVE and n.node_manager_address in hosts \
+                and n.node_manager_address not in alive and nid.hex() not in dead:
             info = getattr(n, "death_info", None)  # (what Ray says of the death, where it says it)
             why = " ".join(str(getattr(info, "reason_message", "") or "marked dead by Ray").split())
             dead[nid.hex()] = (hosts[n.node_manager_address], why[:300])

@@ -8,17 +8,23 @@ from pathlib import Path
 from typing import Callable, Optional
 
 
-def raylet_of(job_id: str, node: str) -> Optional[int]:
-    """The PID of job JOB_ID's raylet on sandbox node NODE, or None."""
+def raylets_of(job_id: str, node: str) -> list:
+    """The PIDs of job JOB_ID's raylets on sandbox node NODE."""
     want = {f"SLURM_JOB_ID={job_id}".encode(), f"SLURMD_NODENAME={node}".encode()}
+    found = []
     for p in Path("/proc").iterdir():
         try:
             if p.name.isdigit() and (p / "comm").read_text().strip() == "raylet" \
                     and want <= set((p / "environ").read_bytes().split(b"\0")):
-                return int(p.name)
+                found.append(int(p.name))
         except OSError:
             continue
-    return None
+    return found
+
+
+def raylet_of(job_id: str, node: str) -> Optional[int]:
+    """The PID of job JOB_ID's raylet on sandbox node NODE, or None."""
+    return next(iter(raylets_of(job_id, node)), None)
 
 
 def job_processes(job_id: str, var: str = "SLURM_JOB_ID") -> list:

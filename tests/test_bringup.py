@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, submit_json
-from sandbox_procs import job_processes
+from sandbox_procs import job_processes, raylets_of
 
 pytestmark = pytest.mark.sandbox
 RAY_COMMS = ("raylet", "gcs_server")
@@ -128,3 +128,57 @@ def test_missing_network_interface_fails_fast(cli, sandbox, clean_env, tmp_path)
     out = Path(info["stdout"]).read_text()
     assert "no IPv4 address on interface nope0" in out
     assert "head-up" not in [p["phase"] for p in phases(info)]
+
+
+# The first `ray start` on node2 dies before its node registered, as a killed one would: no
+# cleanup of its own (no fate-sharing), its raylet left running on the job's pinned ports.
+REGISTER_FAULT = r'''
+import os
+def _fault():
+    cmd = open("/proc/self/cmdline", "rb").read().split(b"\0")
+    mark = os.environ.get("VL_FAULT_MARK", "")
+    if not mark or b"ray.scripts.scripts" not in cmd or not any(a.startswith(b"--address") for a in cmd) \
+            or os.path.exists(mark):
+        return
+    open(mark, "w").close()
+    import ray._private.services as services, ray._private.utils as utils
+    utils.set_kill_on_parent_death_linux = lambda: None
+    def get_node(*args, **kwargs):
+        me = str(os.getpid())
+        with open(mark + ".left", "w") as f:  # what it leaves behind: its children
+            for p in os.listdir("/proc"):
+                try:
+                    if p.isdigit() and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == me:
+                        f.write(p + " " + open(f"/proc/{p}/comm").read())
+                except OSError:
+                    pass
+        os._exit(1)
+    services.get_node = get_node
+_fault()
+'''
+
+
+def test_worker_whose_ray_start_fails_to_register_is_retried_cleanly(cli, sandbox, clean_env, tmp_path):
+    fault = tmp_path / "fault"
+    fault.mkdir()
+    (fault / "sitecustomize.py").write_text(REGISTER_FAULT)
+    mark = tmp_path / "node2-failed-once"
+    info = submit(cli, sandbox, clean_env, tmp_path, "cluster.nodes=2", "verl.overrides.demo.hold=5",
+                  f"""runtime.setup=['[ "$(hostname)" != node2 ] || export PYTHONPATH={fault} VL_FAULT_MARK={mark}']""")
+    wait_for_phase(info, "driver-start", timeout=240)
+    # What the failed attempt left (its raylet among it) is gone; node2 runs one raylet, the retry's.
+    left = [line.split() for line in Path(f"{mark}.left").read_text().splitlines()]
+    assert "raylet" in [comm for _, comm in left], left
+    for pid, comm in left:
+        try:
+            alive = Path(f"/proc/{pid}/comm").read_text().strip() == comm
+        except OSError:
+            alive = False
+        assert not alive, f"{comm} {pid} of the failed attempt still runs"
+    assert len(raylets_of(info["job_id"], "node2")) == 1
+    assert sandbox.wait(info["job_id"]) == "COMPLETED", Path(info["stdout"]).read_text()
+    log = (Path(info["logs"]) / "ray-worker-node2.r0.log").read_text()
+    assert "before this node registered; cleaning up and retrying (1 of 2" in log, log
+    assert "retrying (2 of 2" not in log
+    assert not [p for p in phases(info) if p["phase"] in ("bad-node", "error")]
+    assert not job_processes(info["job_id"])

@@ -1,7 +1,7 @@
-"""The allocation check on the real sandbox (phase inputs-check): before Ray starts, every node
+"""The allocation check on the real sandbox (phase inputs-check): while Ray starts, every node
 checks the inputs it must read, that the run and checkpoint dirs are the same storage as the
 head node's, its GPUs and its free disk; a failure names the node, the field and the path, in
-seconds, and nothing else starts. Each sandbox node has a node-local tmpfs at
+seconds, Ray is stopped and no driver starts. Each sandbox node has a node-local tmpfs at
 $SANDBOX_DIR/local that the other nodes cannot see, as /scratch on a cluster."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, submit_json
+from sandbox_procs import job_processes
 
 pytestmark = pytest.mark.sandbox
 
@@ -32,8 +33,9 @@ def _run(cli, sandbox, clean_env, tmp_path, *overrides) -> dict:
 
 
 def _refused(info) -> str:
-    """The job failed in the allocation check, before any Ray; returns what it said."""
+    """The job failed in the allocation check, before the driver, leaving no Ray; returns what it said."""
     assert info["state"] == "FAILED", info["out"][-3000:]
+    assert not job_processes(info["job_id"])
     names = [p["phase"] for p in info["phases"] if p["phase"] != "bad-node"]
     assert names == ["start", "nodes", "inputs-check", "error", "teardown"], names
     why = [p["detail"] for p in info["phases"] if p["phase"] == "error"][0]

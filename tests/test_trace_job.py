@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, submit_json
+from sandbox_procs import job_processes
 from wandb_standin import StandIn
 
 pytestmark = pytest.mark.sandbox
@@ -70,7 +71,8 @@ def test_an_unanswering_wandb_fails_the_job_fast_and_says_why(cli, sandbox, clea
     out = Path(info["stdout"]).read_text()
     assert "did not answer within 5 s" in out and "trace.on_unreachable=disable" in out
     phases = _phases(info["run_dir"])
-    assert "wandb-check" in phases and "head-up" not in phases  # before any Ray started
+    assert "wandb-check" in phases and "head-up" not in phases  # while Ray was starting: stopped
+    assert not job_processes(info["job_id"])
     assert wandb_key not in out
 
 
