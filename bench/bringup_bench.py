@@ -111,7 +111,7 @@ ALIVE=$({py} -c 'import socket, sys
 try:
     socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1).close()
 except OSError:
-    sys.exit(print(0))  # not even the head's GCS is up
+    sys.exit(print(0))  # not even the GCS of the head is up
 import ray._raylet as r
 print(sum(x.state == x.ALIVE for x in r.GcsClient(address=sys.argv[1] + ":" + sys.argv[2]).get_all_node_info(timeout=5).values()))' "$head_node_ip" $P)
 T1=$({py} -c "$POLL" "$head_node_ip" $P {n} {gpus} 0.05)
@@ -218,6 +218,8 @@ def main() -> int:
         return 0
     line, ok = f"worst ours/ideal {worst:.2f}", worst <= 1.15
     if 4 in args.nodes:
+        # No launcher on `ray start` gets below the ideal: the bound on the second target.
+        print(f"bound: ideal(4)/baseline(4) {med['ideal', 4] / med['fixed-sleep', 4]:.2f}")
         vs = med["verl-launch", 4] / med["fixed-sleep", 4]
         line += f"; ours(4)/baseline(4) {vs:.2f}"
         ok = ok and vs <= 0.5
