@@ -29,8 +29,8 @@ system-deps:
 
 # Everything on a sandbox without accounting, then the job toolkit again with slurmdbd.
 test: system-deps install
-	$(PY) -m pytest -q -p no:cacheprovider
-	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider -m "accounting and not no_accounting_pass"
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m "accounting and not no_accounting_pass"
 
 sandbox-up: system-deps
 	@bash $(SANDBOX)/sandbox-up.sh
