@@ -115,13 +115,6 @@ def test_failing_driver_keeps_logs_per_node(cli, sandbox, clean_env, tmp_path):
     assert not job_processes(info["job_id"])
 
 
-def test_network_interface_is_used_on_every_node(cli, sandbox, clean_env, tmp_path):
-    info = submit(cli, sandbox, clean_env, tmp_path, "cluster.network_interface=eth0")
-    assert sandbox.wait(info["job_id"]) == "COMPLETED", Path(info["stdout"]).read_text()
-    nodes = (Path(info["logs"]) / "nodes.txt").read_text().split("\n")
-    assert sorted(line.split()[1] for line in nodes if line) == ["169.254.77.11", "169.254.77.12"]
-
-
 def test_missing_network_interface_fails_fast(cli, sandbox, clean_env, tmp_path):
     info = submit(cli, sandbox, clean_env, tmp_path, "cluster.network_interface=nope0")
     assert sandbox.wait(info["job_id"], timeout=60) == "FAILED"
@@ -158,12 +151,16 @@ _fault()
 '''
 
 
-def test_worker_whose_ray_start_fails_to_register_is_retried_cleanly(cli, sandbox, clean_env, tmp_path):
+# One 2-node job for two things (each sandbox job costs ~40 s of `make test`): a worker retried
+# cleanly, and cluster.network_interface used on every node.
+def test_worker_whose_ray_start_fails_to_register_is_retried_cleanly_and_interface_used(
+        cli, sandbox, clean_env, tmp_path):
     fault = tmp_path / "fault"
     fault.mkdir()
     (fault / "sitecustomize.py").write_text(REGISTER_FAULT)
     mark = tmp_path / "node2-failed-once"
     info = submit(cli, sandbox, clean_env, tmp_path, "cluster.nodes=2", "verl.overrides.demo.hold=5",
+                  "cluster.network_interface=eth0",
                   f"""runtime.setup=['[ "$(hostname)" != node2 ] || export PYTHONPATH={fault} VL_FAULT_MARK={mark}']""")
     wait_for_phase(info, "driver-start", timeout=240)
     # What the failed attempt left (its raylet among it) is gone; node2 runs one raylet, the retry's.
@@ -182,3 +179,5 @@ def test_worker_whose_ray_start_fails_to_register_is_retried_cleanly(cli, sandbo
     assert "retrying (2 of 2" not in log
     assert not [p for p in phases(info) if p["phase"] in ("bad-node", "error")]
     assert not job_processes(info["job_id"])
+    nodes = (Path(info["logs"]) / "nodes.txt").read_text().split("\n")
+    assert sorted(line.split()[1] for line in nodes if line) == ["169.254.77.11", "169.254.77.12"]
