@@ -5,7 +5,8 @@ verl_schema_snapshot.py), so that a typo costs a second on a login node, not an 
 What is refused, each naming the key and where it was set:
 - a key verl's config does not have ("did you mean ...?"), with or without `+`: a `+key` that
   verl never reads passes Hydra and verl's own checks, and silently does nothing;
-- `+key` for a key verl has (Hydra refuses it: "An item is already at ...");
+- `+key` for a key verl has (Hydra refuses it: "An item is already at ..."), and a key verl
+  reads from a section's dataclass but its YAML lacks (`rollout.enable_sleep_mode`) without `+`;
 - a new key under a free-form section (override_config, engine_kwargs, ...) without `+`
   (Hydra refuses that too); with `+` it is fine: verl hands those on unread;
 - a value of the wrong type (a number for a count, true/false for a switch), or a value
@@ -117,10 +118,14 @@ def problem(schema: Schema, key: str, value: Any) -> Optional[str]:
     if "[" in plain:  # an item of a list (`trainer.logger[0]`): verl's own checks see it
         return None
     if plain in schema.keys:
-        if add and not key.startswith("++"):
+        spec = schema.keys[plain]
+        if spec.get("yaml", True) is False:  # a dataclass field verl reads that its YAML lacks
+            if not add:
+                return (f"is read by verl {schema.version} but not in its YAML config: add it with '+' "
+                        f"(+{plain}; Hydra refuses a key the YAML lacks without it)")
+        elif add and not key.startswith("++"):
             return (f"is already a key of verl {schema.version}'s config: drop the '+' "
                     "(Hydra refuses '+' for a key that exists)")
-        spec = schema.keys[plain]
         return _type_error(spec, value) or _enum_error(schema, plain, value)
     if plain in schema.sections:
         if isinstance(value, dict) or value is None or schema.sections[plain]["open"]:

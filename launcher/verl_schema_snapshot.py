@@ -57,22 +57,75 @@ def _value_type(value) -> str:
     return "any"  # strings, lists, null: verl accepts more than the default shows (a list of files...)
 
 
+def _class_of(target):
+    """The class a section's `_target_` names, or None if it cannot load."""
+    if not target:
+        return None
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(__import__(module, fromlist=[name]), name)
+    except Exception:  # noqa: BLE001  (a section whose class cannot load: types from defaults)
+        return None
+
+
+def _hints(cls) -> dict:
+    try:
+        return typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _dataclass_in(hint):
+    """The dataclass a field holds (Optional[...] unwrapped), or None."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    for t in [hint, *args]:
+        if isinstance(t, type) and dataclasses.is_dataclass(t):
+            return t
+    return None
+
+
+def _field_default(field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        try:
+            return field.default_factory()  # type: ignore[misc]
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
 def walk(cfg) -> tuple:
+    """Every key of verl's composed config, and every field of the dataclasses behind its
+    sections that the YAML does not list ("yaml": false): verl reads those too (e.g.
+    rollout.enable_sleep_mode), and an override sets them with `+`."""
     from omegaconf import DictConfig, OmegaConf
 
     keys, sections = {}, {}
 
-    def hints_of(target):
-        if not target:
-            return {}
-        module, _, name = target.rpartition(".")
-        try:
-            cls = getattr(__import__(module, fromlist=[name]), name)
-            return typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
-        except Exception:  # noqa: BLE001  (a section whose class cannot load: types from defaults)
-            return {}
+    def put(key, default, hint, yaml):
+        kind, nullable = _type_of(hint) if hint is not None else (_value_type(default), True)
+        # "annotation": the type is the dataclass field's; "default": guessed from the
+        # default (an int default may take a float: the launcher checks it loosely).
+        keys[key] = {"type": kind, "nullable": nullable or default is None,
+                     "from": "annotation" if hint is not None else "default",
+                     "default": default if isinstance(default, (bool, int, float, str, type(None))) else None}
+        if not yaml:
+            keys[key]["yaml"] = False
 
-    def visit(node, prefix, hints):
+    def fields_only(cls, prefix):
+        """A section's dataclass fields that its YAML lacks. Only single values: a whole
+        sub-config missing from the YAML (model_config, engine, ...) is one verl fills itself."""
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            key = f"{prefix}{f.name}"
+            if not f.init or f.name.startswith("_") or key in keys or key in sections:
+                continue
+            if _dataclass_in(hints.get(f.name)) is None:
+                put(key, _field_default(f), hints.get(f.name), yaml=False)
+
+    def visit(node, prefix, cls):
+        hints = _hints(cls)
         for k in node.keys():
             key = f"{prefix}{k}"
             child = node._get_node(k)
@@ -81,19 +134,16 @@ def walk(cfg) -> tuple:
                 open_ = len(child) == 0 or (not target and bool(OPEN_NAMES.search(k)))
                 sections[key] = {"open": open_, "dataclass": target}
                 if not open_:
-                    visit(child, key + ".", hints_of(target))
+                    visit(child, key + ".", _class_of(target))
                 continue
             if k == "_target_":
                 continue
             default = OmegaConf.to_container(child) if OmegaConf.is_config(child) else child._value()
-            kind, nullable = _type_of(hints[k]) if k in hints else (_value_type(default), True)
-            # "annotation": the type is the dataclass field's; "default": guessed from the
-            # default (an int default may take a float: the launcher checks it loosely).
-            keys[key] = {"type": kind, "nullable": nullable or default is None,
-                         "from": "annotation" if k in hints else "default",
-                         "default": default if isinstance(default, (bool, int, float, str, type(None))) else None}
+            put(key, default, hints.get(k), yaml=True)
+        if dataclasses.is_dataclass(cls):
+            fields_only(cls, prefix)
 
-    visit(cfg, "", {})
+    visit(cfg, "", None)
     return keys, sections
 
 

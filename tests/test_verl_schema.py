@@ -44,6 +44,11 @@ def test_snapshot_shape():
         assert not SCHEMA.sections[closed]["open"], closed
     assert "grpo" in SCHEMA.enums["algorithm.adv_estimator"]
     assert "vllm" in SCHEMA.enums["actor_rollout_ref.rollout.name"]
+    # The dataclass fields behind a section that verl's YAML does not list are keys too, marked.
+    sleep = SCHEMA.keys["actor_rollout_ref.rollout.enable_sleep_mode"]
+    assert sleep["yaml"] is False and sleep["type"] == "bool" and sleep["default"] is True
+    assert "yaml" not in SCHEMA.keys["actor_rollout_ref.rollout.free_cache_engine"]
+    assert sum(k.get("yaml") is False for k in SCHEMA.keys.values()) > 150
 
 
 def test_versions_without_their_own_snapshot():
@@ -85,6 +90,11 @@ def test_versions_without_their_own_snapshot():
     ("data.train_files", ["/a.parquet", "/b.parquet"], None),
     ("trainer", 3, "is a section"),
     ("trainer.logger[0]", "console", None),
+    # read by verl (RolloutConfig.enable_sleep_mode, verl/workers/config/rollout.py) but not in its YAML
+    ("+actor_rollout_ref.rollout.enable_sleep_mode", False, None),
+    ("actor_rollout_ref.rollout.enable_sleep_mode", False, "add it with '+'"),
+    ("+actor_rollout_ref.rollout.enable_sleep_mode", "no", "must be true or false"),
+    ("+actor_rollout_ref.rollout.enable_sleep_mod", False, "did you mean actor_rollout_ref.rollout.enable_sleep_mode"),
 ])
 def test_problem(key, value, expect):
     got = problem(SCHEMA, key, value)
