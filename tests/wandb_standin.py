@@ -1,8 +1,11 @@
 """A loopback stand-in for W&B and Weave's trace server, for tests.
 
-The real weave client (weave 0.54) runs against it when a process has
+The real weave client (weave 0.54) and the real wandb client (wandb 0.31, whose runs are
+sent by its Go service wandb-core) run against it when a process has
 ``WANDB_BASE_URL=<stand-in url>``, ``WANDB_API_KEY=<its key>`` and ``WANDB_ENTITY``.
-It answers only what ``weave.init`` and call tracing need, and records what it gets:
+It answers only what ``weave.init`` and call tracing, and a wandb run (``wandb.init`` with
+or without ``id=``/``resume=``, ``wandb.log``, ``wandb.finish``, online mode) need, and
+records what it gets:
 
     with StandIn(api_key=key) as w:                 # host="169.254.77.1" for sandbox nodes
         env["WANDB_BASE_URL"] = w.url
@@ -10,23 +13,45 @@ It answers only what ``weave.init`` and call tracing need, and records what it g
         w.wait_for(lambda s: any(c["op_name"].endswith("execute") for c in s.calls))
         w.calls      # every finished call: op_name, attributes, inputs, output, entity,
                      # project, auth_ok (+ short_name, id, trace_id, parent_id, exception)
+        w.runs       # wandb runs by run id: entity, project, name, config, tags, group,
+                     # job_type, history (logged rows in order, with _step), summary,
+                     # output (console lines), files (uploaded name -> bytes),
+                     # exit_code (None until wandb.finish), resumed (times resumed)
         w.requests   # every request: (method, path, authorized)
 
 Endpoints (weave's paths all sit under ``/traces``, as weave derives its trace server
 URL as ``<WANDB_BASE_URL>/traces``):
 
 - ``GET  /traces/server_info``                      version handshake
-- ``POST /graphql``                                 viewer, project, upsertModel, serverInfo
+- ``POST /graphql``                                 weave: viewer, project, upsertModel,
+  serverInfo; wandb-core, by operation name: RunResumeStatus (a known run id is
+  resumed: history/console offsets continue), UpsertBucket (creates/updates the run:
+  name, config, tags, group, job type), CreateRunFiles (upload URLs back to this
+  stand-in), ServerFeaturesQuery (no features), OrganizationCoreWeaveOrganizationID,
+  Viewer
+- ``POST /files/<entity>/<project>/<run_id>/file_stream``  wandb-core's file stream:
+  ``{"files": {name: {"offset", "content": [lines]}}, "complete", "exitcode"}`` with
+  wandb-history.jsonl, wandb-summary.json, output.log, wandb-events.jsonl (counted only)
+- ``PUT  /upload/<entity>/<project>/<run_id>/<file>``  run files (config.yaml,
+  wandb-metadata.json, requirements.txt, ...) at the URLs CreateRunFiles gave
 - ``POST /traces/v2/<entity>/<project>/calls/complete``  batch of finished calls (default path)
 - ``POST /traces/call/upsert_batch``                the legacy start/end batch
 - ``POST /traces/v2/<entity>/<project>/call/start|end``  eager single start/end
 - ``POST /traces/obj/create``, ``/traces/file/create``, ``/traces/table/create``
 - ``POST /traces/service/projects_info``            (only with client-side digests on)
-Anything else gets a 404 and lands in ``.unknown``, so a newer weave that needs more
-shows up there instead of silently losing traces.
+Anything else gets a 404 and lands in ``.unknown`` (an unknown GraphQL operation as
+``("POST /graphql", <its first line>)``), so a newer client that needs more shows up
+there instead of silently losing data. Not answered: artifacts (so a logged wandb.Table,
+which wandb turns into one, leaves ArtifactType/CreateArtifact there; the run still
+finishes), sweeps, wandb.Api() reads (QueryRunInfo, HistoryPage, ...).
 
 Every request must carry ``Authorization: Basic base64("api:<key>")``; others get a 401
-and are still recorded (``authorized`` False), so a test can assert the key was used.
+and are still recorded (``authorized`` False), so a test can assert the key was used;
+they change no run in ``.runs`` (their bodies are in ``.bodies`` all the same).
+wandb-core sends no credentials to upload URLs (W&B's are signed storage URLs), only
+the ``uploadHeaders`` CreateRunFiles returns; the stand-in returns the caller's own
+Authorization there, so uploads are checked like the rest. A wrong key fails
+``wandb.init`` at once (wandb-core does not retry a 401).
 ``mode="silent"`` accepts TCP connections and never answers, for reachability timeouts.
 """
 
@@ -40,6 +65,7 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -49,6 +75,8 @@ from typing import Any, Callable
 SERVER_INFO = {"min_required_weave_python_version": "0.0.1", "trace_server_version": "99.0.0"}
 
 _V2_PATH = re.compile(r"^/traces/v2/(?P<entity>[^/]+)/(?P<project>[^/]+)/(?P<rest>.+)$")
+_FILE_STREAM_PATH = re.compile(r"^/files/(?P<entity>[^/]+)/(?P<project>[^/]+)/(?P<run>[^/]+)/file_stream$")
+_UPLOAD_PATH = re.compile(r"^/upload/(?P<entity>[^/]+)/(?P<project>[^/]+)/(?P<run>[^/]+)/(?P<name>.+)$")
 
 
 class StandIn:
@@ -66,6 +94,7 @@ class StandIn:
         self.requests: list[tuple[str, str, bool]] = []
         self.unknown: list[tuple[str, str]] = []   # (method, path) this stand-in cannot answer
         self.bodies: list[tuple[str, Any]] = []    # (path, parsed JSON body) of every POST
+        self.runs: dict[str, dict[str, Any]] = {}  # wandb runs by run id, see _new_run
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._expected_auth = "Basic " + base64.b64encode(f"api:{api_key}".encode()).decode()
@@ -159,6 +188,32 @@ class StandIn:
                 self.unknown.append(unknown)
             self._changed.notify_all()
 
+    def _update_run(self, run_id: str, update: Callable[[dict], Any]) -> Any:
+        """Apply update to the run's record (made on first sight) under the lock."""
+        with self._changed:
+            run = self.runs.setdefault(run_id, _new_run())
+            result = update(run)
+            self._changed.notify_all()
+            return result
+
+
+def _new_run() -> dict[str, Any]:
+    return {
+        "entity": None, "project": None,
+        "name": None,          # the display name (wandb.init(name=...)); the key is the run id
+        "config": {},          # as passed to wandb.init / run.config, without wandb's own "_wandb"
+        "tags": [], "group": None, "job_type": None,
+        "history": [],         # one dict per wandb.log row (with _step, _runtime, _timestamp)
+        "summary": {},         # the latest wandb-summary.json
+        "output": [],          # console lines (output.log)
+        "files": {},           # name -> bytes of the run files uploaded (config.yaml, ...)
+        "exit_code": None,     # set by the file stream's final "complete" request
+        "resumed": 0,          # how often a finished run was resumed (same run id again)
+        "_upserted": False,    # UpsertBucket seen: what "inserted" answers
+        "_raw_config": {},     # config as sent ({"key": {"value": ...}}), for resuming
+        "_events": 0,          # system-metrics lines received (only their count is kept)
+    }
+
 
 def _op_short_name(op_name: str) -> str:
     # Published ops arrive as refs: weave:///team/proj/op/CalculatorTool.execute:<digest>
@@ -218,6 +273,12 @@ def _make_handler(standin: StandIn):
         def log_message(self, *args):   # keep pytest output quiet
             pass
 
+        def handle(self):
+            try:
+                super().handle()
+            except (ConnectionResetError, BrokenPipeError):
+                pass                        # wandb-core exits with keep-alive connections open
+
         def _reply(self, status: int, payload: Any) -> None:
             data = json.dumps(payload).encode()
             self.send_response(status)
@@ -239,6 +300,9 @@ def _make_handler(standin: StandIn):
         def do_POST(self):
             self._handle("POST")
 
+        def do_PUT(self):             # run file uploads, at the URLs CreateRunFiles hands out
+            self._handle("PUT")
+
         def _handle(self, method: str) -> None:
             path = self.path.split("?", 1)[0]
             raw = self._read_body()          # always drain, or keep-alive breaks
@@ -259,7 +323,19 @@ def _make_handler(standin: StandIn):
             if method == "GET" and path == "/traces/server_info":
                 return 200, SERVER_INFO
             if method == "POST" and path == "/graphql":
-                return 200, _graphql(standin, body or {})
+                return 200, _graphql(standin, body or {}, ok)
+            # A wandb run changes only with the key (what was refused is still in .bodies).
+            fs = _FILE_STREAM_PATH.match(path)
+            if method == "POST" and fs:
+                if ok:
+                    _file_stream(standin, fs["entity"], fs["project"], fs["run"], body or {})
+                return 200, {}
+            up = _UPLOAD_PATH.match(path)
+            if method == "PUT" and up:
+                name = urllib.parse.unquote(up["name"])
+                if ok:
+                    standin._update_run(up["run"], lambda run: run["files"].update({name: raw}))
+                return 200, {}
             if method == "POST":
                 v2 = _V2_PATH.match(path)
                 if v2:
@@ -320,10 +396,32 @@ def _make_handler(standin: StandIn):
     return Handler
 
 
-def _graphql(standin: StandIn, body: dict) -> dict:
-    """Answer the few W&B GraphQL queries weave sends, by what the query asks for."""
+def _graphql(standin: StandIn, body: dict, ok: bool) -> dict:
+    """Answer the few W&B GraphQL queries weave and wandb-core send.
+
+    wandb-core's operations are picked by name, weave's by what the query asks for; any
+    other operation (wandb's artifact queries, say) is unknown rather than taken for weave's.
+    """
     query = body.get("query") or ""
     variables = body.get("variables") or {}
+    name = body.get("operationName")
+    if not name:
+        m = re.match(r"\s*(?:query|mutation)\s+(\w+)", query)
+        name = m and m[1]
+    if name in _RUN_OPS:
+        return {"data": _RUN_OPS[name](standin, variables) if ok else None}
+    answer = _weave_graphql(standin, query, variables) if name in _WEAVE_OPS else None
+    if answer is not None:
+        return answer
+    standin._record(unknown=("POST /graphql", query.strip().split("\n", 1)[0]))
+    return {"data": None, "errors": [{"message": "stand-in does not know this query"}]}
+
+
+# What weave's wandb shim (weave/compat/wandb/wandb_thin) names its queries; None: unnamed.
+_WEAVE_OPS = {None, "ServerInfo", "DefaultEntity", "Project", "Entity", "UpsertModel"}
+
+
+def _weave_graphql(standin: StandIn, query: str, variables: dict) -> dict | None:
     if "viewer" in query:
         return {"data": {"viewer": {
             "id": "standin-viewer", "username": standin.username, "entity": standin.default_entity,
@@ -338,5 +436,120 @@ def _graphql(standin: StandIn, body: dict) -> dict:
                                      "entity": {"name": variables.get("entityName")}}}}
     if "serverInfo" in query:
         return {"data": {"serverInfo": {"frontendHost": standin.url}}}
-    standin._record(unknown=("POST /graphql", query.strip().split("\n", 1)[0]))
-    return {"data": None, "errors": [{"message": "stand-in does not know this query"}]}
+    return None
+
+
+# -- wandb runs (wandb-core's GraphQL operations and file stream) -------------------------
+
+def _json_or(text: Any, default: Any) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else default
+    except json.JSONDecodeError:
+        return default
+
+
+def _storage_id(run_id: str) -> str:
+    return "standin-run:" + run_id
+
+
+def _bucket(run_id: str, run: dict) -> dict:
+    """A run as UpsertBucket and RunResumeStatus return it (JSON fields as JSON strings)."""
+    return {
+        "id": _storage_id(run_id), "name": run_id, "displayName": run["name"],
+        "description": None, "notes": None, "tags": run["tags"], "sweepName": None,
+        "config": json.dumps(run["_raw_config"]),
+        "project": {"id": "standin-project:" + str(run["project"]), "name": run["project"],
+                    "entity": {"id": "standin-entity:" + str(run["entity"]), "name": run["entity"]}},
+        "summaryMetrics": json.dumps(run["summary"]),
+        "historyLineCount": len(run["history"]),
+        "eventsLineCount": run["_events"],
+        "logLineCount": len(run["output"]),
+        "historyTail": json.dumps([json.dumps(row) for row in run["history"][-1:]]),
+        "eventsTail": "[]",
+        # wandb-core resumes only a run whose wandbConfig has "t" (i.e. that really started).
+        "wandbConfig": json.dumps({"t": ((run["_raw_config"].get("_wandb") or {}).get("value")
+                                         or {}).get("t", {})}),
+    }
+
+
+def _upsert_bucket(standin: StandIn, v: dict) -> dict:
+    # "name" is the run id; updates later in the run may name it by storage "id" only.
+    run_id = v.get("name") or (v.get("id") or "").removeprefix("standin-run:")
+
+    def update(run: dict) -> dict:
+        inserted, run["_upserted"] = not run["_upserted"], True
+        for key, field in (("entity", "entity"), ("project", "project"), ("name", "displayName"),
+                           ("group", "groupName"), ("job_type", "jobType"), ("tags", "tags")):
+            if v.get(field) is not None:
+                run[key] = v[field]
+        if v.get("config") is not None:
+            run["_raw_config"] = _json_or(v["config"], {})
+            run["config"] = {k: (c or {}).get("value") for k, c in run["_raw_config"].items()
+                             if k != "_wandb" and isinstance(c, dict)}
+        if v.get("summaryMetrics") is not None:
+            run["summary"] = _json_or(v["summaryMetrics"], run["summary"])
+        run["entity"] = run["entity"] or standin.default_entity
+        return {"upsertBucket": {"bucket": _bucket(run_id, run), "inserted": inserted}}
+
+    return standin._update_run(run_id, update)
+
+
+def _run_resume_status(standin: StandIn, v: dict) -> dict:
+    project, entity = v.get("project"), v.get("entity") or standin.default_entity
+    with standin._lock:
+        run = standin.runs.get(v.get("name"))
+        known = run is not None and (run["project"], run["entity"]) == (project, entity)
+        bucket = _bucket(v["name"], run) if known else None   # None: a new run
+    return {"model": {"id": "standin-project:" + str(project), "name": project,
+                      "entity": {"id": "standin-entity:" + entity, "name": entity},
+                      "bucket": bucket}}
+
+
+def _create_run_files(standin: StandIn, v: dict) -> dict:
+    # Upload URLs point back here. wandb-core sends no credentials of its own to upload URLs
+    # (W&B's are signed storage URLs), only the "Name:value" uploadHeaders given here; these
+    # carry the caller's own key, so the PUTs are checked like every other request.
+    base = f"{standin.url}/upload/{v.get('entity')}/{v.get('project')}/{v.get('run')}/"
+    return {"createRunFiles": {
+        "runID": _storage_id(v.get("run") or ""),
+        "uploadHeaders": ["Authorization:" + standin._expected_auth],
+        "files": [{"name": f, "uploadUrl": base + urllib.parse.quote(f)}
+                  for f in v.get("files") or []]}}
+
+
+_RUN_OPS: dict[str, Callable[[StandIn, dict], dict]] = {
+    "UpsertBucket": _upsert_bucket,
+    "RunResumeStatus": _run_resume_status,
+    "CreateRunFiles": _create_run_files,
+    "ServerFeaturesQuery": lambda standin, v: {"serverInfo": {"features": []}},
+    "Viewer": lambda standin, v: {"viewer": {
+        "id": "standin-viewer", "entity": standin.default_entity, "username": standin.username,
+        "email": None, "flags": None, "teams": {"edges": []}}},
+    # Asked for every run's entity; no organization means not on CoreWeave.
+    "OrganizationCoreWeaveOrganizationID": lambda standin, v: {"entity": {"organization": None}},
+}
+
+
+def _file_stream(standin: StandIn, entity: str, project: str, run_id: str, body: dict) -> None:
+    """wandb-core's file stream: {"files": {name: {"offset", "content": [lines]}}, ...}."""
+    def update(run: dict) -> None:
+        run["entity"], run["project"] = run["entity"] or entity, run["project"] or project
+        for name, chunk in (body.get("files") or {}).items():
+            offset, lines = chunk.get("offset") or 0, chunk.get("content") or []
+            if name == "wandb-history.jsonl":
+                run["history"][offset:offset + len(lines)] = [_json_or(x, x) for x in lines]
+            elif name == "wandb-summary.json" and lines:
+                run["summary"] = _json_or(lines[-1], run["summary"])
+            elif name == "output.log":
+                run["output"][offset:offset + len(lines)] = lines
+            elif name == "wandb-events.jsonl":
+                run["_events"] = max(run["_events"], offset + len(lines))
+            else:
+                standin.unknown.append(("file_stream file", name))
+        if body.get("complete"):
+            run["exit_code"] = body.get("exitcode")
+        elif run["exit_code"] is not None:   # a finished run streams again: it was resumed
+            run["exit_code"] = None
+            run["resumed"] += 1
+
+    standin._update_run(run_id, update)
