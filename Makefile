@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep clean
+.PHONY: install node-env system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep clean
 
 install: $(VENV)/.installed
 
@@ -17,6 +17,23 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+# TEST-ONLY: what the sandbox's nodes run so that verl trains on CPUs with vLLM's CPU build
+# (tests/node_env/README.md). Never a dependency of the launcher.
+NODE_VENV ?= .venv-node
+NODE_PY := $(NODE_VENV)/bin/python
+node-env: $(NODE_VENV)/.installed
+
+$(NODE_VENV)/.installed: tests/node_env/requirements.txt
+	rm -rf $(NODE_VENV)
+	$(PYTHON) -m venv $(NODE_VENV)
+	$(NODE_PY) -m pip install -q --upgrade pip
+	$(NODE_PY) -m pip install -q -r tests/node_env/requirements.txt
+	@# The index's torchvision/torchcodec are CUDA builds: beside them `import vllm` fails.
+	$(NODE_PY) -m pip uninstall -y -q torchvision torchcodec
+	cd /tmp && VERL_PLATFORM=cpu PYTHONPATH=$(abspath tests/cpu_platform) $(abspath $(NODE_PY)) -c \
+	  'import vllm, verl, ray, weave, wandb; from vllm.platforms import current_platform as p; assert p.is_cpu()'
 	touch $@
 
 system-deps:
@@ -28,7 +45,7 @@ system-deps:
 	fi
 
 # Everything on a sandbox without accounting, then the job toolkit again with slurmdbd.
-test: system-deps install
+test: system-deps install node-env
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m "accounting and not no_accounting_pass"
 
@@ -47,14 +64,14 @@ demo: system-deps install
 	echo "--- the payload's report (verl-launch logs $$job --driver):" && $(VENV)/bin/verl-launch logs "$$job" --driver; \
 	exit $$rc
 
-# verl's own trainer on the sandbox, with a test-only CPU platform: it stops, by design, at
-# verl's rollout engine (vLLM needs a GPU). See README, "verl's own trainer on the sandbox".
+# verl's own trainer on the sandbox: async-rollout GRPO with vLLM's CPU build on 2 nodes, Weave
+# traces to a loopback W&B stand-in, then a short report. Test-only node environment and CPU
+# platform: see README, "verl's own trainer on the sandbox".
 SMOKE ?= /tmp/verl-launch-smoke
-demo-verl: system-deps install
-	@test -f $(SMOKE)/smoke-assets.json || $(PY) -m launcher.smoke_assets --out $(SMOKE) >/dev/null
+demo-verl: system-deps install node-env
+	@test -f $(SMOKE)/reward.py || $(PY) -m launcher.smoke_assets --out $(SMOKE) >/dev/null
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && \
-	VERL_SMOKE_DIR=$(SMOKE) $(VENV)/bin/verl-launch submit recipes/sandbox-verl.yaml runtime.python=$(abspath $(PY)) --wait; \
-	echo "(verl stops at its rollout engine here, by design: vLLM needs a GPU)"
+	VERL_SMOKE_DIR=$(SMOKE) $(PY) tests/demo_verl.py --node-python $(abspath $(NODE_PY))
 
 lint: install
 	$(VENV)/bin/verl-launch render recipes/sandbox-demo.yaml runtime.python=python3 | shellcheck -

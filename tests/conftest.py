@@ -117,3 +117,13 @@ class Sandbox:
 def submit_json(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, f"submit failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def node_python() -> Path:
+    """The TEST-ONLY node environment's interpreter (make node-env): vLLM's CPU build, verl, Ray,
+    weave and wandb, what the sandbox's nodes run for verl to train on CPUs."""
+    py = ROOT / ".venv-node" / "bin" / "python"
+    if not (ROOT / ".venv-node" / ".installed").exists():
+        pytest.fail(f"no node environment at {py.parent.parent}: run `make node-env` (make test does)")
+    return py

@@ -31,6 +31,7 @@ _cpu_mod = types.SimpleNamespace(
     max_memory_reserved=lambda *a, **k: 0,
     mem_get_info=lambda *a, **k: (0, 0),
     reset_peak_memory_stats=lambda *a, **k: None,
+    get_device_name=lambda *a, **k: "CPU",  # verl/utils/flops_counter.py:80 names the device
 )
 
 
