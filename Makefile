@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install node-env system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep clean
+.PHONY: install node-env system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-first-step clean
 
 install: $(VENV)/.installed
 
@@ -94,6 +94,11 @@ bench-inputs-check: install
 
 bench-bad-node: install
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/bad_node_bench.py
+
+# From submit to verl's first training step on the sandbox: the launcher's share (target <= 0.10).
+bench-first-step: install node-env
+	@test -f $(SMOKE)/reward.py || $(PY) -m launcher.smoke_assets --out $(SMOKE) >/dev/null
+	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && VERL_SMOKE_DIR=$(SMOKE) $(PY) bench/first_step_bench.py --repeat 2
 
 bench-sweep: install
 	$(PY) bench/sweep_bench.py

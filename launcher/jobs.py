@@ -42,7 +42,8 @@ def _row(run: dict, info: dict) -> dict:
             "phase_detail": phase.get("detail") if phase else None,
             "restart": phase.get("restart", 0) if phase else 0, "nodes": run.get("nodes"),
             "stopped": paths.stop_reason(), "bad_nodes": paths.bad_nodes(),
-            "progress": paths.progress(phase.get("restart", 0)) if phase and phase["phase"] == "driver-start" else None,
+            "progress": paths.progress(phase.get("restart", 0), running=phase["phase"] == "driver-start")
+            if phase else None,
             "elapsed": _elapsed(run, info), "run_dir": run["run_dir"], "source": info.get("source")}
 
 

@@ -122,12 +122,14 @@ class RunPaths:
                  "why": p["detail"].split(":", 1)[-1].strip()}
                 for p in self.read_phases() if p["phase"] == "bad-node" and p.get("detail")]
 
-    def progress(self, restart: int = 0) -> Optional[str]:
-        """The watchdog's one-line summary of the driver's Ray work (actors, training step)."""
+    def progress(self, restart: int = 0, running: bool = True) -> Optional[str]:
+        """The watchdog's one-line summary of the driver's Ray work (actors, training step);
+        once the driver is gone (RUNNING False), only how far it trained."""
         try:
-            return json.loads(self.ray_state(restart).read_text()).get("summary")
+            state = json.loads(self.ray_state(restart).read_text())
         except (OSError, ValueError):
             return None
+        return (state.get("summary") if running else state.get("training")) or None
 
 
 @dataclass(frozen=True)

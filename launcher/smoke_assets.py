@@ -1,7 +1,9 @@
 """Build what `recipes/ci-smoke-1gpu.yaml` trains on, with nothing from a model hub: a tiny
 Qwen2 (the real architecture, random weights, 2 layers), a small BPE tokenizer trained here
 with `tokenizers`, and an arithmetic dataset in verl's parquet format whose reward is verl's
-own rule-based GSM8K scorer ("#### <answer>").
+own rule-based GSM8K scorer ("#### <answer>"), and reward.py, a reward that varies even for a
+random model (launcher/smoke_reward.py: GSM8K's rule plus partial credit), for GRPO steps whose
+gradients are not all zero.
 
     python -m launcher.smoke_assets --out ~/verl-smoke      # about 10 s on a CPU
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 from pathlib import Path
 
 DATA_SOURCE = "openai/gsm8k"  # verl's default reward: the GSM8K rule, "#### 42" at the end
@@ -89,8 +92,10 @@ def build(out: Path, seed: int = 0, train: int = 256, test: int = 32) -> dict:
     texts = [f"{q} {INSTRUCTION} #### {a}" for q, a in items] + [INSTRUCTION] * 8
     tokenizer = build_tokenizer(texts, out / "model")
     build_model(tokenizer, out / "model", seed)
+    shutil.copyfile(Path(__file__).with_name("smoke_reward.py"), out / "reward.py")
     info = {"model": str(out / "model"), "train": str(out / "data" / "train.parquet"),
-            "test": str(out / "data" / "test.parquet"), "vocab": len(tokenizer), "seed": seed}
+            "test": str(out / "data" / "test.parquet"), "reward": str(out / "reward.py"),
+            "vocab": len(tokenizer), "seed": seed}
     (out / "smoke-assets.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 

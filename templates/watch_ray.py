@@ -1,6 +1,7 @@
 # Beside the driver, on the head node: what the run's Ray work is doing, read from this job's
 # own GCS (no dashboard, and no driver job of its own). Rendered verbatim into the job script.
-# - STATE_FILE (JSON): nodes, actors and placement groups, rewritten when they change;
+# - STATE_FILE (JSON): nodes, actors and placement groups, and verl's training step, rewritten when
+#   they change, and once more when stopped (TERM at teardown: the driver's last steps);
 # - a line on stdout when the one-line summary changes (`submit --wait` shows it too);
 # - exit 4, with the reason in REASON_FILE, when Ray work waits for resources the cluster cannot
 #   give: at once if no node could ever hold it, else after PENDING_TIMEOUT seconds of waiting
@@ -11,6 +12,7 @@
 import json
 import os
 import re
+import signal
 import sys
 import time
 from collections import Counter
@@ -190,6 +192,24 @@ def verdict(what, need, nodes, actors, waited, never):
 # Waiting is judged only while nothing moves: an actor that becomes alive, a placement group
 # placed or a training step restarts the clock (Ray starts a node's actors one by one on a
 # busy machine), and each item's clock starts when it is first seen waiting.
+def write_state(state):
+    tmp = state_file + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(dict(state, time=time.time()), f, indent=1)
+    os.replace(tmp, state_file)
+
+
+def last_look(*_):
+    """Stopped at teardown: the driver may have logged its last steps since the last poll."""
+    if last_state is not None:
+        train = training()
+        if train[0] != last_state["step"]:
+            write_state(dict(last_state, step=train[0], total_steps=train[1], seconds_per_step=train[2],
+                             training=progress(*train)))
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, last_look)
 never_polls = Counter()
 first_seen = {}
 moved_at = time.monotonic()
@@ -214,12 +234,9 @@ while True:
     step = train[0]
     text = summary(actors, pgs, train)
     state = {"summary": text, "step": step, "total_steps": train[1], "seconds_per_step": train[2],
-             "nodes": nodes, "actors": actors, "placement_groups": pgs}
+             "training": progress(*train), "nodes": nodes, "actors": actors, "placement_groups": pgs}
     if state != last_state:
-        tmp = state_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(dict(state, time=time.time()), f, indent=1)
-        os.replace(tmp, state_file)
+        write_state(state)
         last_state = state
     if text != last_summary:
         say(text)

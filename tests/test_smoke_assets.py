@@ -65,6 +65,26 @@ def test_verls_rule_based_reward_scores_the_data(assets):
     assert default_compute_score(row["data_source"], f"so #### {int(truth) + 1}", truth) == 0.0
 
 
+def test_the_shipped_reward_agrees_with_verls_rule_and_varies_where_it_gives_zero(assets):
+    """verl loads reward.py from its file (verl's own loader); a right answer scores as verl's
+    GSM8K rule does, and wrong answers get partial credit that differs between responses."""
+    import pyarrow.parquet as pq
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.utils.reward_score import default_compute_score
+
+    _, info = assets
+    fn = get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": info["reward"], "name": "compute_score"}}}))
+    row = pq.read_table(info["test"]).to_pylist()[0]
+    truth, src = row["reward_model"]["ground_truth"], row["data_source"]
+    assert fn(src, f"so #### {truth}", truth) == default_compute_score(src, f"so #### {truth}", truth) == 1.0
+    wrong = ["the answer is 12 and 7", "no digits here at all", "3 3 3"]
+    assert [default_compute_score(src, w, truth) for w in wrong] == [0.0] * 3
+    scores = [fn(src, w, truth) for w in wrong]
+    assert len(set(scores)) == 3 and all(0 <= s < 1 for s in scores), scores
+
+
 def test_the_smoke_recipe_passes_verls_preflight(cli, clean_env, assets):
     out, _ = assets
     proc = cli("check", RECIPES / "ci-smoke-1gpu.yaml", f"runtime.python={sys.executable}",

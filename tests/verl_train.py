@@ -1,0 +1,235 @@
+"""One verl training job on the sandbox and what it left, read from the real parts: verl's own
+log (its console logger's `step:N - key:value - ...` lines), Ray's GCS (every actor and its
+node, read while the job runs), and the loopback W&B stand-in (the trajectories weave traced,
+the metrics wandb logged). Shared by tests/test_verl_job.py, `make demo-verl`
+(tests/demo_verl.py) and bench/first_step_bench.py.
+
+    job = train(node_python=..., runs=tmp/"runs", env=env)   # recipes/sandbox-verl.yaml, --wait
+    job.state, job.steps[3]["actor/grad_norm"], job.nodes_of("vLLMHttpServer"), job.trajectories
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from wandb_standin import StandIn
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPE = ROOT / "recipes" / "sandbox-verl.yaml"
+BRIDGE = "169.254.77.1"  # the host's side of the sandbox's bridge: the nodes reach the stand-in there
+NODE_IP = {f"169.254.77.1{i}": f"node{i}" for i in range(1, 10)}
+TRAJECTORY = "SingleTurnAgentLoop.run"  # verl's agent loop: one traced call per trajectory
+
+
+def plain(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+def phases(run_dir) -> list:
+    try:
+        return [json.loads(x) for x in Path(run_dir, "phases.jsonl").read_text().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def _number(text: str):
+    text = re.sub(r"^np\.\w+\((.*)\)$", r"\1", text.strip())  # verl logs numpy scalars by repr
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_steps(log: str) -> Dict[int, Dict[str, object]]:
+    """verl's console logger lines, by step: {step: {metric: value}} (the last line of a step wins)."""
+    steps = {}
+    for m in re.finditer(r"\bstep:(\d+) - (.*)$", plain(log), re.M):
+        metrics = {}
+        for part in m.group(2).split(" - "):
+            key, sep, value = part.partition(":")
+            if sep:
+                metrics[key.strip()] = _number(value)
+        steps[int(m.group(1))] = metrics
+    return steps
+
+
+# Run apart from the caller: Ray's GCS client aborts its process once the GCS has been gone a while.
+_GCS_PEEK = """
+import json, os, sys, time
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # as the job's Ray: no token
+from ray._private.internal_api import get_state_from_address
+address, out = sys.argv[1], sys.argv[2]
+state, seen = get_state_from_address(address), {}
+while True:
+    try:
+        for actor_id, a in state.actor_table(None).items():
+            seen[actor_id] = [a["ActorClassName"].rsplit(".", 1)[-1], a["Address"]["IPAddress"], a["State"]]
+        with open(out + ".tmp", "w") as f:
+            json.dump(seen, f)
+        os.replace(out + ".tmp", out)
+    except Exception:
+        pass
+    time.sleep(1)
+"""
+
+
+class GcsWatch(threading.Thread):
+    """Ray's own view of the job's cluster, read from its GCS with Ray's state accessor while
+    the job runs (in a process of its own): every actor seen, by class, with its node."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(daemon=True)
+        self.run_dir, self.stop, self.address, self.proc = run_dir, threading.Event(), None, None
+        self.out = run_dir.parent / f".gcs-{run_dir.name}.json"
+
+    def run(self):
+        while not self.stop.is_set() and self.proc is None:
+            head = [p for p in phases(self.run_dir) if p["phase"] == "head-up"]
+            if head:
+                self.address = head[-1]["detail"]
+                self.proc = subprocess.Popen([sys.executable, "-c", _GCS_PEEK, self.address, str(self.out)],
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            self.stop.wait(0.5)
+        self.stop.wait()
+        if self.proc:
+            self.proc.kill()
+            self.proc.wait()
+
+    @property
+    def seen(self) -> dict:
+        try:
+            raw = json.loads(self.out.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {k: (c, NODE_IP.get(ip, ip), st) for k, (c, ip, st) in raw.items()}
+
+
+@dataclass
+class Trained:
+    """What one job left. `out`/`err`: `submit --wait`'s own output."""
+    returncode: int
+    out: str
+    err: str
+    run_dir: Optional[Path]
+    actors: dict  # GCS actor id -> (class, node, state)
+    calls: list  # every finished weave call the stand-in got
+    wandb_runs: dict  # the stand-in's W&B runs (run id -> what wandb sent)
+    url: str
+    seconds: float
+    submitted_at: float
+    first_log: Dict[int, float] = field(default_factory=dict)  # step -> when its line first appeared (epoch s)
+
+    @property
+    def log(self) -> str:
+        try:
+            return plain((self.run_dir / "logs" / "driver.r0.log").read_text(errors="replace"))
+        except (OSError, TypeError):
+            return ""
+
+    @property
+    def steps(self) -> Dict[int, Dict[str, object]]:
+        return parse_steps(self.log)
+
+    @property
+    def phases(self) -> list:
+        return phases(self.run_dir) if self.run_dir else []
+
+    @property
+    def job_id(self) -> Optional[str]:
+        try:
+            return str(json.loads((self.run_dir / "run.json").read_text())["job_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def nodes_of(self, cls: str) -> List[str]:
+        return sorted(node for c, node, _ in self.actors.values() if c == cls)
+
+    @property
+    def trajectories(self) -> list:
+        return [c for c in self.calls if c["short_name"] == TRAJECTORY]
+
+    @property
+    def checkpoint(self) -> Optional[Path]:
+        """verl's newest checkpoint: the last folder its trainer says it saved
+        (`local_global_step_folder: .../global_step_N`), if verl's tracker file names that step."""
+        saved = re.findall(r"local_global_step_folder: (\S+)", self.log)
+        if not saved:
+            return None
+        folder = Path(saved[-1])
+        try:
+            step = (folder.parent / "latest_checkpointed_iteration.txt").read_text().strip()
+        except OSError:
+            return None
+        return folder if folder.name == f"global_step_{step}" else None
+
+
+class _StepTail:
+    """When each `step:N` line first appears in the driver log (read as it grows)."""
+
+    def __init__(self):
+        self.offset, self.rest = 0, b""
+
+    def poll(self, path: Path, first: dict) -> None:
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return
+        self.offset += len(chunk)
+        lines = (self.rest + chunk).split(b"\n")
+        self.rest = lines.pop()
+        now = time.time()
+        for step in re.findall(rb"\bstep:(\d+) - ", b"\n".join(lines)):
+            first.setdefault(int(step), now)
+
+
+def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "team", timeout: float = 900,
+          echo: bool = False) -> Trained:
+    """Submit recipes/sandbox-verl.yaml (`submit --wait`) with NODE_PYTHON on the nodes and a
+    W&B stand-in on the sandbox's bridge (ENV's WANDB_API_KEY is its key), and collect."""
+    key = env["WANDB_API_KEY"]
+    with StandIn(host=BRIDGE, api_key=key) as w:
+        cmd = [sys.executable, "-m", "launcher.cli", "submit", str(RECIPE), f"runtime.python={node_python}",
+               f"paths.runs={runs}", f"wandb.base_url={w.url}", f"wandb.entity={entity}",
+               "wandb.reach_timeout=5", *overrides, "--wait"]
+        t0 = time.time()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                cwd=ROOT, stdin=subprocess.DEVNULL)
+        err_lines: list = []
+        errs = threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True)
+        errs.start()
+        out_lines, run_dir, gcs, first, tail = [], None, None, {}, _StepTail()
+        reader = threading.Thread(target=lambda: [out_lines.append(x) or (echo and print(x, end="", flush=True))
+                                                  for x in proc.stdout], daemon=True)
+        reader.start()
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            if run_dir is None:
+                found = sorted(Path(runs).glob("*/2*/phases.jsonl")) + sorted(Path(runs).glob("*/2*/job.sbatch"))
+                if found:
+                    run_dir = found[0].parent
+                    gcs = GcsWatch(run_dir)
+                    gcs.start()
+            else:
+                tail.poll(run_dir / "logs" / "driver.r0.log", first)
+            time.sleep(0.25)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        reader.join(10)
+        errs.join(10)
+        if gcs:
+            gcs.stop.set()
+            gcs.join(5)
+        calls, wandb_runs = list(w.calls), dict(getattr(w, "runs", {}))
+    return Trained(proc.returncode, "".join(out_lines), "".join(err_lines), run_dir, gcs.seen if gcs else {},
+                   calls, wandb_runs, w.url, time.time() - t0, t0, first)
