@@ -15,9 +15,10 @@ anything, never CPUs: with too few, a placement group or actor waits forever, si
   servers) hold none, and Ray 2.60 places them on a node with no CPU free (seen on the
   sandbox and a local Ray): they add nothing.
 
-On the sandbox (2 nodes x 2 GPUs), verl reached its rollout engine with exactly this many CPUs
-per node on both trainer paths, and one fewer left a placement group or a storage actor
-waiting forever (tests/test_verl_job.py).
+On the sandbox, verl got past its placement with exactly this many CPUs per node on both trainer
+paths (2 nodes x 2 GPUs), and trains with it (tests/test_verl_job.py: 2 x 1, the legacy
+trainer, 3 per node, vLLM's servers beside); one fewer left a placement group or a storage actor
+waiting forever.
 """
 
 from __future__ import annotations

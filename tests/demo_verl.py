@@ -40,6 +40,9 @@ def report(job) -> str:
                  f" from {', '.join(nodes) or 'no node'}")
     for run in job.wandb_runs.values():
         lines.append(f"W&B       run {run['name']}: {len(run['history'])} history rows, exit code {run['exit_code']}")
+        if len(run["history"]) < len(steps):  # README, "Not verified here"
+            lines.append("          (verl 0.9.1 finishes its wandb run only as its trainer exits: the last"
+                         " seconds of metrics never leave)")
     lines.append(f"checkpoint {job.checkpoint or 'none'}")
     lines.append(f"run dir   {job.run_dir}")
     return "\n".join(lines)

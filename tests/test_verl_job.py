@@ -177,6 +177,24 @@ def test_wait_and_status_show_the_training_progress_from_verls_steps(trained, cl
 
 
 @pytest.mark.sandbox
+def test_what_the_node_environment_cannot_do_ends_the_job_in_vllms_words(cli, sandbox, clean_env, node_python,
+                                                                        smoke_assets, tmp_path):
+    """vLLM's sleep mode, which its CPU build lacks: the job fails at once, never hangs, and
+    `status` says why in vLLM's own words (pydantic's detail line included), naming the actor."""
+    env = _env(clean_env, smoke_assets, tmp_path, sandbox)
+    info = submit_json(cli("submit", *_args(tmp_path, *UNTRACED, "verl.overrides.trainer.use_v1=false",
+                                            "cluster.nodes=1", "+verl.overrides.actor_rollout_ref.rollout"
+                                            ".enable_sleep_mode=true", python=node_python), "--json",
+                           env=env, timeout=300))
+    assert sandbox.wait(info["job_id"], timeout=400) == "FAILED"
+    st = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
+    assert st["stopped"].startswith("driver-error: "), st
+    assert "Sleep mode is not supported on current platform" in st["stopped"], st["stopped"]
+    assert "in ray::vLLMHttpServer" in st["stopped"], st["stopped"]
+    assert job_processes(info["job_id"]) == []
+
+
+@pytest.mark.sandbox
 def test_the_v1_trainer_trains_the_ci_smoke_recipe_locally(cli, clean_env, node_python, smoke_assets, tmp_path):
     """The CI smoke path without a GPU: `submit --local recipes/ci-smoke-1gpu.yaml`, verl's
     default V1 trainer (tracing off: V1 never traces), with the node environment and
