@@ -14,7 +14,8 @@ import pytest
 
 from conftest import ROOT
 
-NEEDED = ["launcher/templates/sbatch.sh.j2", "launcher/templates/wait_ready.py", "launcher/templates/sweep.sbatch.j2",
+NEEDED = ["launcher/templates/sbatch.sh.j2", "launcher/templates/job/driver.sh.j2", "launcher/templates/wait_ready.py",
+          "launcher/templates/sweep.sbatch.j2",
           "launcher/recipes/sandbox-demo.yaml", "launcher/recipes/gsm8k-grpo.yaml",
           "launcher/recipes/cluster/sandbox.yaml", "launcher/recipes/cluster/sunk.yaml",
           "launcher/verl_schemas/verl-0.9.1.json"]

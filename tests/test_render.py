@@ -19,6 +19,8 @@ from launcher.render import render
 GOLDEN = ROOT / "tests" / "golden"
 SHIPPED = sorted(RECIPES.glob("*.yaml"))
 TEMPLATE = ROOT / "templates" / "sbatch.sh.j2"
+# The job script's text: the top template and its rooms (templates/job/), all of them.
+TEMPLATES = [TEMPLATE, *sorted((ROOT / "templates" / "job").glob("*.sh.j2"))]
 
 
 def _render(path: Path, *overrides: str) -> str:
@@ -103,7 +105,7 @@ def test_rendered_script_passes_bash_n_and_shellcheck(recipe, tmp_path):
 def test_every_template_value_goes_through_the_quoting_filter():
     # Code inserted as code, by design: the recipe's trusted setup lines and the readiness poller.
     code = {"line", "wait_ready_py", "reach_wandb_py", "check_node_py", "watch_ray_py"}
-    exprs = re.findall(r"{{(.*?)}}", TEMPLATE.read_text())
+    exprs = re.findall(r"{{(.*?)}}", "".join(t.read_text() for t in TEMPLATES))
     assert exprs
     for e in exprs:
         e = e.strip()
@@ -111,10 +113,20 @@ def test_every_template_value_goes_through_the_quoting_filter():
 
 
 def test_template_never_traces_or_dumps_the_environment():
-    text = TEMPLATE.read_text()
+    text = "".join(t.read_text() for t in TEMPLATES)
     assert not re.search(r"^\s*set\s+-[a-z]*x", text, re.M)
     for dump in ("printenv", "env |", "declare -x", "export -p"):
         assert dump not in text
+
+
+def test_the_job_template_is_a_table_of_contents_of_small_rooms():
+    """sbatch.sh.j2 only includes its rooms, each under about 150 lines and each included once."""
+    top = [x for x in TEMPLATE.read_text().splitlines() if x.startswith("{%")]
+    included = [re.fullmatch(r'{% include "job/(\w+)\.sh\.j2" %}', x) for x in top if "include" in x]
+    assert all(included) and len(included) == len(TEMPLATES) - 1
+    assert sorted(m.group(1) for m in included) == sorted(t.name[:-len(".sh.j2")] for t in TEMPLATES[1:])
+    for t in TEMPLATES[1:]:
+        assert len(t.read_text().splitlines()) <= 150, t
 
 
 def test_log_names_match_run_paths():
