@@ -9,6 +9,7 @@ import sys
 from typing import List, Optional
 
 from . import __version__
+from .console import fail as _fail
 from .errors import EXIT_BAD_INPUT, EXIT_FAILED, RecipeError, SlurmError
 
 EPILOG = """\
@@ -173,13 +174,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _flushed(code: int) -> int:
     sys.stdout.flush()  # here, not at exit: a closed pipe is then ours to handle
-    return code
-
-
-def _fail(message: str, code: int) -> int:
-    from .secrets import redact
-
-    print(redact(message), file=sys.stderr)
     return code
 
 

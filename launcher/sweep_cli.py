@@ -8,6 +8,7 @@ import os
 import sys
 
 from . import sweep
+from .console import fail
 from .errors import EXIT_FAILED, SlurmError
 
 
@@ -75,9 +76,7 @@ def cmd_submit(args) -> int:
     try:
         rec = schedule_sweep(req)
     except (SlurmError, OSError) as e:
-        from .cli import _fail
-
-        return _fail(f"error: {e}", EXIT_FAILED)
+        return fail(f"error: {e}", EXIT_FAILED)
     out = sys.stderr if args.json else sys.stdout
     info = {"job_id": rec["job_id"], "sweep_dir": rec["sweep_dir"], "name": rec["name"], "points": rec["points"]}
     if args.json and not args.wait:

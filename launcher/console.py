@@ -1,0 +1,13 @@
+"""What the commands (cli.py, sweep_cli.py) print for an error: one line on stderr, never a
+secret's value in it, and the exit code to return."""
+
+from __future__ import annotations
+
+import sys
+
+
+def fail(message: str, code: int) -> int:
+    from .secrets import redact  # here: the CLI starts without the recipe model
+
+    print(redact(message), file=sys.stderr)
+    return code
