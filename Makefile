@@ -76,7 +76,7 @@ demo-verl: system-deps install node-env
 lint: install
 	$(VENV)/bin/verl-launch render recipes/sandbox-demo.yaml runtime.python=python3 | shellcheck -
 	$(PY) -c 'from launcher.recipe import load; from launcher.render import render_array; \
-	  print(render_array(load("recipes/sandbox-demo.yaml").recipe, "demo-sweep", 4, 2), end="")' | shellcheck -
+	  print(render_array(load("recipes/sandbox-demo.yaml").plan, "demo-sweep", 4, 2), end="")' | shellcheck -
 	bash -n $(SANDBOX)/*.sh && shellcheck $(SANDBOX)/*.sh .ci/run
 
 bench: install

@@ -71,14 +71,13 @@ def step_times(tmp: Path, data: Path) -> list:
     import shlex
 
     from launcher.recipe import load
-    from launcher.node_checks import spec
 
-    r = load(ROOT / "recipes" / "sandbox-demo.yaml", [f"runtime.python={PY}", f"paths.runs={tmp}/runs",
+    plan = load(ROOT / "recipes" / "sandbox-demo.yaml", [f"runtime.python={PY}", f"paths.runs={tmp}/runs",
              f"verl.overrides.data.train_files={data / 'train.parquet'}",
-             f"verl.overrides.actor_rollout_ref.model.path={data / 'model'}"]).recipe
+             f"verl.overrides.actor_rollout_ref.model.path={data / 'model'}"]).plan
     run = tmp / "step"
     run.mkdir()
-    s = dict(spec(r), checkpoints=None)
+    s = dict(plan.node_check, checkpoints=None)
     (run / "job.sbatch").write_text(STEP_JOB.format(py=shlex.quote(PY), script=ROOT / "templates" / "check_node.py",
                                                     spec=shlex.quote(json.dumps(s)), run=run))
     job = subprocess.run(["sbatch", "--parsable", "--wait", "job.sbatch"], cwd=run, check=True, capture_output=True,

@@ -186,7 +186,7 @@ def _load(args):
 def cmd_render(args) -> int:
     from .render import render
 
-    sys.stdout.write(render(_load(args).recipe))
+    sys.stdout.write(render(_load(args).plan))
     return 0
 
 
@@ -303,7 +303,7 @@ def cmd_submit(args) -> int:
             sys.stdout.write(req.script)
         return 0
     if args.local:
-        return _run_local(req, loaded.recipe, args)
+        return _run_local(req, loaded.plan, args)
     try:
         done = schedule(req)
     except SlurmError as e:
@@ -331,12 +331,12 @@ def cmd_submit(args) -> int:
     return 0 if final.get("JobState") == "COMPLETED" else EXIT_FAILED
 
 
-def _run_local(req, r, args) -> int:
+def _run_local(req, plan, args) -> int:
     from . import local
 
     out = sys.stderr if args.json else sys.stdout
     print(f"Running locally (no Slurm) in {req.paths.run_dir}", file=out, flush=True)
-    rec = local.run(req, r, os.environ, out)
+    rec = local.run(req, plan, os.environ, out)
     print(f"local run {rec['job_id']} {rec['final_state']} exit code {rec['exit_code']} in {rec['elapsed']} s; "
           f"output in {req.paths.stdout(rec['job_id'])}", file=out)
     if args.json:

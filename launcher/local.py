@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import List, Mapping, TextIO
 
-from .render import RAY_FIXED_PORTS, port_slots
+from .plan import RAY_FIXED_PORTS, Plan
 from .resources import templates_dir
 from .slurm import SubmitRequest, record_run
 
@@ -65,13 +65,13 @@ def _interface_of(ip: str) -> str:
     return "lo"
 
 
-def _free_job_id(r) -> int:
+def _free_job_id(p: Plan) -> int:
     """A job id whose block of Ray ports is free on this machine now."""
-    lo = r.cluster.port_range[0]
-    block = RAY_FIXED_PORTS + r.cluster.worker_ports
+    lo = p.recipe.cluster.port_range[0]
+    block = RAY_FIXED_PORTS + p.recipe.cluster.worker_ports
     for _ in range(50):
         job_id = random.randrange(100000, 999999)
-        first = lo + (job_id % port_slots(r)) * block
+        first = lo + (job_id % p.port_slots) * block
         if all(_port_free(p) for p in range(first, first + block)):
             return job_id
     raise OSError("no free block of Ray ports found in cluster.port_range")
@@ -86,7 +86,7 @@ def _port_free(port: int) -> bool:
             return False
 
 
-def run(req: SubmitRequest, r, environ: Mapping[str, str], out: TextIO = sys.stdout) -> dict:
+def run(req: SubmitRequest, plan: Plan, environ: Mapping[str, str], out: TextIO = sys.stdout) -> dict:
     """Write the run directory, run the script here, and return its run record (with
     final_state, exit_code and leftovers, the number of processes that had to be killed)."""
     p = req.paths
@@ -95,10 +95,10 @@ def run(req: SubmitRequest, r, environ: Mapping[str, str], out: TextIO = sys.std
     shutil.copytree(templates_dir() / "local", shims)
     for shim in shims.iterdir():  # a wheel does not keep the executable bit
         shim.chmod(0o700)
-    job_id = str(_free_job_id(r))
+    job_id = str(_free_job_id(plan))
     host = socket.gethostname().split(".")[0]
     env = dict(environ, PATH=f"{shims}{os.pathsep}{environ.get('PATH', '')}", SLURM_JOB_ID=job_id,
-               SLURM_JOB_NODELIST=host, SLURMD_NODENAME=host, SLURM_CPUS_PER_TASK=str(r.cluster.cpus_per_task),
+               SLURM_JOB_NODELIST=host, SLURMD_NODENAME=host, SLURM_CPUS_PER_TASK=str(plan.recipe.cluster.cpus_per_task),
                SLURM_RESTART_COUNT="0", **{MARKER: job_id})
     record = record_run(req, job_id, local=True, command=f"bash {p.SCRIPT} (here, without Slurm)",
                         runner={"host": host, "pid": os.getpid()})

@@ -241,7 +241,7 @@ def _minutes(r) -> int:
 
 
 def spec_for(ckpt: Checkpoint, target: Path, r, run: Optional[dict]) -> MergeSpec:
-    from .render import container_args
+    from .plan import container_args
 
     python = r.runtime.python if r is not None else sys.executable
     resolved = shutil.which(python) or python

@@ -1,12 +1,13 @@
 """What the job checks and sets on every node, from the recipe: the allocation check's spec
 (templates/check_node.py, phase inputs-check), the GPU vendor's variables, the checkpoint
-limit enforced at a restart. Pure: recipe in, values for the template out."""
+limit enforced at a restart. Pure: the recipe and verl's effective values (checks.effective,
+worked out once by plan.resolve) in, values for the plan out."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Tuple
 
-from .checks import CKPT_DIR, effective
+from .checks import CKPT_DIR
 from .schema import Recipe
 
 # verl settings that name local files or directories every node must read.
@@ -38,15 +39,15 @@ def _local_paths(value: Any) -> List[str]:
     return [v for v in values if isinstance(v, str) and v.startswith(("/", "~"))]
 
 
-def checkpoint_dir(r: Recipe) -> Optional[str]:
-    ckpt = effective(r).get(CKPT_DIR)
+def checkpoint_dir(v: Dict[str, Any]) -> Optional[str]:
+    """verl's checkpoint directory in effective values V, if absolute."""
+    ckpt = v.get(CKPT_DIR)
     return str(ckpt) if isinstance(ckpt, str) and ckpt.startswith("/") else None
 
 
-def spec(r: Recipe) -> Dict[str, Any]:
+def spec(r: Recipe, v: Dict[str, Any], ckpt: Optional[str]) -> Dict[str, Any]:
     """templates/check_node.py's argument; no key is checked whose switch is off."""
     c = r.node_checks
-    v = effective(r)
     inputs: List[Tuple[str, str]] = []
     if c.inputs:
         inputs = [(key, path) for key in INPUT_KEYS for path in _local_paths(v.get(key))]
@@ -54,7 +55,7 @@ def spec(r: Recipe) -> Dict[str, Any]:
     return {
         "inputs": inputs,
         "shared": c.shared_storage,
-        "checkpoints": checkpoint_dir(r),
+        "checkpoints": ckpt,
         "min_free_gb": c.min_free_gb,
         "gpus": r.cluster.gpus_per_node if c.gpus and vendor["var"] and r.cluster.gpus_per_node else None,
         "gpu_var": vendor["var"],
@@ -66,10 +67,9 @@ def needed(s: Dict[str, Any]) -> bool:
     return bool(s["inputs"] or s["shared"] or s["min_free_gb"] or s["gpus"] is not None)
 
 
-def keep_checkpoints(r: Recipe) -> int:
+def keep_checkpoints(v: Dict[str, Any]) -> int:
     """verl's checkpoint limit, applied by the job at a restart (verl forgets checkpoints from
     before a resume, verl#7395): the larger of the actor's and critic's, 0 to keep all."""
-    v = effective(r)
     limits = [v.get(k) for k in ("trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")]
     limits = [x for x in limits if isinstance(x, int) and not isinstance(x, bool) and x > 0]
     return max(limits) if limits else 0

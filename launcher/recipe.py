@@ -1,5 +1,5 @@
 """Loading a recipe: compose it with Hydra, check it against the schema, then validate it
-(checks.py) with errors naming file and field.
+(checks.py) with errors naming file and field, and resolve its plan (plan.py) once.
 
 A recipe is a YAML file composed by Hydra's compose API: its ``defaults`` list may pull
 shipped groups (``cluster/<profile>``, found next to the recipe first, then in the
@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .checks import check, validate
 from .errors import RecipeError
 from .overrides import apply_cli, flatten, hydra_value, verl_args
+from .plan import Plan, resolve as resolve_plan
 from .resources import shipped_recipes_dir
 from .schema import Recipe
 
@@ -36,6 +37,7 @@ class Loaded:
     config: DictConfig  # the composed, validated config
     blame: Any = None  # dotted key -> where it was set (the recipe file or the command line)
     verl_keys: str = ""  # how verl's keys were checked (against which snapshot of its config)
+    plan: Optional[Plan] = None  # everything the job needs, worked out once (plan.py)
 
 
 _VERL_PREFIX = "verl.overrides."
@@ -106,9 +108,9 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     recipe.verl.overrides = apply_cli(flatten(recipe.verl.overrides, blame),
                                       [ov.replace(_VERL_PREFIX, "", 1) for ov in verl_ovs], resolve)
     validate(recipe, blame)
-    verl_args(recipe, blame)  # a contradicting override is an error of the recipe
+    args = verl_args(recipe, blame)  # a contradicting override is an error of the recipe
     keys = check(recipe, blame)
-    return Loaded(recipe=recipe, config=merged, blame=blame, verl_keys=keys)
+    return Loaded(recipe=recipe, config=merged, blame=blame, verl_keys=keys, plan=resolve_plan(recipe, blame, args))
 
 
 def _shape(plain: dict, cls: type, blame, prefix: str = "") -> None:

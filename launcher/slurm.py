@@ -60,7 +60,7 @@ def plan(loaded: Loaded, now: Optional[float] = None, run_dir: Optional[Path] = 
     meta = {"recipe": r.source, "job_name": r.job.name, "experiment": r.experiment,
             "project": r.wandb.project, "entity": r.wandb.entity, "nodes": r.cluster.nodes,
             "gpus_per_node": r.cluster.gpus_per_node, "wandb_base_url": r.wandb.base_url, "created": now}
-    return SubmitRequest(paths=RunPaths(run_dir), script=render(r),
+    return SubmitRequest(paths=RunPaths(run_dir), script=render(loaded.plan),
                          recipe_yaml=resolved_yaml(r), meta=meta)
 
 

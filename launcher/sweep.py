@@ -237,12 +237,10 @@ def _one_allocation(sweep: Sweep) -> None:
     """Every point's #SBATCH lines must be the same: one job array has one allocation shape."""
     import dataclasses
 
-    from .render import directives
-
     first = sweep.points[0].loaded.recipe
     for p in sweep.points[1:]:
         r = p.loaded.recipe
-        if directives(r) == directives(first):
+        if p.loaded.plan.directives == sweep.points[0].loaded.plan.directives:
             continue
         keys = ["job.name"] if r.job.name != first.job.name else []
         keys += [f"cluster.{f.name}" for f in dataclasses.fields(r.cluster)
@@ -317,6 +315,6 @@ def plan(sweep: Sweep, max_parallel: Optional[int] = None) -> SweepRequest:
         req = plan_run(p.loaded, run_dir=SweepPaths(sweep_dir).point(p.index).run_dir)
         req.meta.update(sweep=str(sweep_dir), index=p.index, overrides=p.overrides, work_dir=str(sweep_dir))
         requests.append(req)
-    script = render_array(first, sweep.name, len(sweep.points), max_parallel)
+    script = render_array(sweep.points[0].loaded.plan, sweep.name, len(sweep.points), max_parallel)
     return SweepRequest(name=sweep.name, sweep_dir=sweep_dir, points=sweep.points, requests=requests,
                         script=script, max_parallel=max_parallel)

@@ -137,7 +137,7 @@ def _run_local(req: sweep.SweepRequest, args) -> int:
     for p, point in zip(req.points, req.requests):
         print(f"point {p.index}/{len(req.points) - 1} ({p.label()}): running locally in {point.paths.run_dir}",
               file=out, flush=True)
-        rec = local.run(point, p.loaded.recipe, os.environ, out)
+        rec = local.run(point, p.loaded.plan, os.environ, out)
         print(f"point {p.index} {rec['final_state']} exit code {rec['exit_code']} in {rec['elapsed']} s", file=out)
         results.append({"index": p.index, "job_id": rec["job_id"], "run_dir": rec["run_dir"],
                         "final_state": rec["final_state"], "exit_code": rec["exit_code"]})

@@ -191,13 +191,14 @@ def test_full_render_with_hostile_strings(env_values, verl_values, experiment):
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "fuzz.yaml"
         path.write_text(yaml.dump(data, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
-        r = load(path).recipe
+        loaded = load(path)
+        r = loaded.recipe
     # the recipe carried every string through unchanged
     for n, v in zip(ENV_NAMES, env_values):
         assert r.env[n] == v
     assert r.experiment == experiment
 
-    script = render(r)
+    script = render(loaded.plan)
     syntax = subprocess.run(["bash", "-n"], input=script.encode(), capture_output=True, timeout=20)
     assert syntax.returncode == 0, syntax.stderr.decode()
     for n, v in zip(ENV_NAMES, env_values):

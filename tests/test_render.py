@@ -24,7 +24,7 @@ TEMPLATES = [TEMPLATE, *sorted((ROOT / "templates" / "job").glob("*.sh.j2"))]
 
 
 def _render(path: Path, *overrides: str) -> str:
-    return render(load(path, list(overrides)).recipe).replace(str(ROOT), "<ROOT>")
+    return render(load(path, list(overrides)).plan).replace(str(ROOT), "<ROOT>")
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +66,7 @@ def test_golden_sweep_array():
     from launcher.render import render_array
 
     recipe, overrides = VARIANTS["gsm8k-grpo+sunk"]
-    got = render_array(load(recipe, overrides).recipe, "gsm8k-grpo-sweep-20261201-120000-abcd", 8, 3) \
+    got = render_array(load(recipe, overrides).plan, "gsm8k-grpo-sweep-20261201-120000-abcd", 8, 3) \
         .replace(str(ROOT), "<ROOT>")
     golden = GOLDEN / "gsm8k-grpo+sunk.sweep.sbatch"
     if os.environ.get("UPDATE_GOLDEN") == "1":
@@ -78,7 +78,7 @@ def test_golden_sweep_array():
 
 def test_container_steps_run_in_the_image_and_the_nodes_step_on_the_host():
     recipe, overrides = VARIANTS["gsm8k-grpo+sunk"]
-    script = render(load(recipe, overrides).recipe)
+    script = render(load(recipe, overrides).plan)
     assert '--container-name="verl-launch-$JOB_ID"' in script
     commands = [c for c in script.replace("\\\n", " ").splitlines() if "srun --overlap" in c]
     in_image = [c for c in commands if '"${CONTAINER[@]}"' in c]
@@ -86,7 +86,7 @@ def test_container_steps_run_in_the_image_and_the_nodes_step_on_the_host():
     # teardown, allocation check, reach check, head, workers, readiness, driver, watchdog
     assert len(in_image) == 8, commands
     assert len(on_host) == 1 and "node_ip" in on_host[0]  # the address probe needs the host's `ip`
-    plain = render(load(RECIPES / "gsm8k-grpo.yaml").recipe)
+    plain = render(load(RECIPES / "gsm8k-grpo.yaml").plan)
     assert "CONTAINER=()" in plain and "--container" not in plain
 
 
@@ -94,7 +94,7 @@ def test_container_steps_run_in_the_image_and_the_nodes_step_on_the_host():
 def test_rendered_script_passes_bash_n_and_shellcheck(recipe, tmp_path):
     path, overrides = VARIANTS.get(recipe, (recipe, []))
     script = tmp_path / "job.sbatch"
-    script.write_text(render(load(path, overrides).recipe))  # as rendered: paths not replaced by <ROOT>
+    script.write_text(render(load(path, overrides).plan))  # as rendered: paths not replaced by <ROOT>
     subprocess.run(["bash", "-n", str(script)], check=True)
     if shutil.which("shellcheck") is None:
         pytest.fail("shellcheck is not installed (make system-deps installs it)")
@@ -189,7 +189,7 @@ def test_recipe_path_with_a_newline_cannot_break_out_of_the_header_comment(tmp_p
     d.mkdir()
     recipe = d / "r.yaml"
     recipe.write_text((RECIPES / "sandbox-demo.yaml").read_text())
-    text = render(load(recipe).recipe)
+    text = render(load(recipe).plan)
     assert "\necho INJECTED" not in text
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
 

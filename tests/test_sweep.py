@@ -14,7 +14,7 @@ import pytest
 
 from conftest import RECIPES
 from launcher.errors import RecipeError
-from launcher.render import wandb_env
+from launcher.plan import wandb_env
 from launcher.sweep import expand, experiment_names, labels, load_points, plan
 from test_bad_input import _tripwire
 

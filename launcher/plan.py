@@ -1,0 +1,150 @@
+"""The plan: everything a job needs, worked out once from a checked recipe, and never again.
+recipe.load makes it (Loaded.plan); render fills the job script from it alone; check, submit
+(and its dry-run), sweeps, local mode, merge and the Python API read the same values from it.
+Pure: no I/O.
+
+What is in it: the #SBATCH directives, verl's argument list, the job's environment and what it
+exports for W&B (never the key), pyxis's container arguments, the Ray port slots, the
+allocation check's spec, the checkpoint directory and the pruning limit at a restart, and the
+GPU variables to clear, all from verl's effective values (the recipe's overrides, then the
+derived ones) computed once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from . import node_checks
+from .checks import effective
+from .overrides import verl_args
+from .schema import Recipe
+from .secrets import wandb_host
+
+RAY_FIXED_PORTS = 9  # GCS .. dashboard; the template lays them out, then the worker ports
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe: Recipe
+    directives: Tuple[str, ...]
+    verl_args: Tuple[str, ...]
+    env: Tuple[Tuple[str, str], ...]  # the recipe's env and what the launcher adds (NCCL_/GLOO_SOCKET_IFNAME)
+    wandb_needed: bool  # W&B logging or Weave tracing: the key must reach the nodes
+    reach_timeout: float  # the in-job W&B reachability check's (0: none)
+    wandb_env: Tuple[Tuple[str, str], ...]  # W&B settings every node exports (never the key)
+    wandb_host: Optional[str]
+    container_args: Tuple[str, ...]
+    port_slots: int  # how many jobs' port blocks fit in cluster.port_range
+    node_check: Dict[str, Any]  # the allocation check's spec (node_checks.spec)
+    node_check_json: str  # the same, as templates/check_node.py's argument
+    node_check_needed: bool
+    checkpoint_dir: Optional[str]  # verl's, absolute (None: relative or unset)
+    keep_checkpoints: int  # verl's limit, enforced at a restart; 0 = keep all
+    gpu_clear: Tuple[str, ...]  # other vendors' GPU variables Slurm may set
+    exclude_bad_nodes: bool  # requeue without a node the failure is put down to
+
+
+def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = None) -> Plan:
+    """The plan of a checked recipe (recipe.load has run its checks; ARGS: verl's argument list,
+    if it has already made it)."""
+    v = effective(r, blame=blame)
+    ckpt = node_checks.checkpoint_dir(v)
+    spec = node_checks.spec(r, v, ckpt)
+    return Plan(
+        recipe=r,
+        directives=tuple(directives(r)),
+        verl_args=tuple(verl_args(r, blame) if args is None else args),
+        env=tuple(job_env(r)),
+        wandb_needed=_wandb_needed(r),
+        reach_timeout=r.wandb.reach_timeout if _wandb_needed(r) else 0,
+        wandb_env=tuple(wandb_env(r)),
+        wandb_host=wandb_host(r),
+        container_args=tuple(container_args(r)),
+        port_slots=port_slots(r),
+        node_check=spec,
+        node_check_json=json.dumps(spec, separators=(",", ":")),
+        node_check_needed=node_checks.needed(spec),
+        checkpoint_dir=ckpt,
+        keep_checkpoints=node_checks.keep_checkpoints(v) if ckpt else 0,
+        gpu_clear=tuple(node_checks.VENDORS[r.cluster.gpu_vendor]["clear"]),
+        exclude_bad_nodes=r.cluster.requeue and r.cluster.exclude_bad_nodes is not False,
+    )
+
+
+def _wandb_needed(r: Recipe) -> bool:
+    return r.wandb.enabled or r.trace.backend == "weave"
+
+
+def directives(r: Recipe) -> List[str]:
+    c = r.cluster
+    d = [f"--job-name={r.job.name}", f"--nodes={c.nodes}", "--ntasks-per-node=1",
+         f"--cpus-per-task={c.cpus_per_task}"]
+    if c.gpus_per_node:
+        d.append(f"--gpus-per-node={c.gpu_type + ':' if c.gpu_type else ''}{c.gpus_per_node}")
+    for name in ("mem", "partition", "account", "qos", "time", "constraint"):
+        if getattr(c, name) is not None:
+            d.append(f"--{name}={getattr(c, name)}")
+    if c.exclusive:
+        d.append("--exclusive")
+    d.append("--output=slurm-%j.out")
+    if c.requeue:  # keep the first run's output; USR1 to the batch shell ahead of the limit
+        d += ["--requeue", "--open-mode=append", f"--signal=B:USR1@{c.signal_seconds}"]
+    d.extend(c.sbatch_args)
+    return d
+
+
+def container_args(r: Recipe) -> List[str]:
+    """pyxis's srun options for the recipe's container; [] without one. The job-scoped
+    --container-name is added by the script (it holds the job id)."""
+    k = r.container
+    if not k.image:
+        return []
+    args = [f"--container-image={k.image}"]
+    if k.mounts:
+        args.append("--container-mounts=" + ",".join(k.mounts))
+    if k.workdir:
+        args.append(f"--container-workdir={k.workdir}")
+    if k.env:
+        args.append("--container-env=" + ",".join(k.env))
+    if not k.mount_home:
+        args.append("--no-container-mount-home")
+    return args
+
+
+def wandb_env(r: Recipe) -> List[Tuple[str, str]]:
+    """W&B settings every node exports before Ray starts (never the key: it stays in the env)."""
+    w = r.wandb
+    if not _wandb_needed(r):
+        return []
+    env = [("WANDB_PROJECT", w.project), ("WANDB_NAME", r.experiment)]
+    if w.entity:
+        env.append(("WANDB_ENTITY", w.entity))
+    if w.base_url:
+        env.append(("WANDB_BASE_URL", w.base_url))
+    if w.group:
+        env.append(("WANDB_RUN_GROUP", w.group))
+    if w.job_type:
+        env.append(("WANDB_JOB_TYPE", w.job_type))
+    # One W&B run per experiment, across requeues and resubmits.
+    run_id = hashlib.sha256(f"{w.entity}/{w.project}/{r.experiment}".encode()).hexdigest()[:16]
+    env += [("WANDB_RUN_ID", run_id), ("WANDB_RESUME", "allow"), ("WANDB_ERROR_REPORTING", "false")]
+    return env
+
+
+def job_env(r: Recipe) -> List[Tuple[str, str]]:
+    """The recipe's env, and what the launcher adds unless the recipe sets it: with
+    cluster.network_interface, NCCL's and gloo's sockets on that interface too (verl#726)."""
+    env = dict(r.env)
+    if r.cluster.network_interface:
+        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+            env.setdefault(name, r.cluster.network_interface)
+    return sorted(env.items())
+
+
+def port_slots(r: Recipe) -> int:
+    """How many jobs' port blocks fit in cluster.port_range."""
+    lo, hi = r.cluster.port_range
+    return (hi - lo + 1) // (RAY_FIXED_PORTS + r.cluster.worker_ports)
