@@ -32,7 +32,8 @@ $(NODE_VENV)/.installed: tests/node_env/requirements.txt
 	$(NODE_PY) -m pip install -q -r tests/node_env/requirements.txt
 	@# The index's torchvision/torchcodec are CUDA builds: beside them `import vllm` fails.
 	$(NODE_PY) -m pip uninstall -y -q torchvision torchcodec
-	cd /tmp && VERL_PLATFORM=cpu PYTHONPATH=$(abspath tests/cpu_platform) $(abspath $(NODE_PY)) -c \
+	@# WANDB_ERROR_REPORTING: weave's import would otherwise try to report to its error service
+	cd /tmp && WANDB_ERROR_REPORTING=false VERL_PLATFORM=cpu PYTHONPATH=$(abspath tests/cpu_platform) $(abspath $(NODE_PY)) -c \
 	  'import vllm, verl, ray, weave, wandb; from vllm.platforms import current_platform as p; assert p.is_cpu()'
 	touch $@
 

@@ -105,7 +105,8 @@ def _probe(node_python, model: str, cpu_platform: bool) -> dict:
     """The probes in the node environment, as a job's process: the platform dir on PYTHONPATH,
     and VERL_PLATFORM=cpu unless cpu_platform is False."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_", "VLLM_", "PYTHONPATH"))}
-    env.update(PYTHONPATH=str(PLATFORM), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    env.update(PYTHONPATH=str(PLATFORM), TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
+               WANDB_ERROR_REPORTING="false")  # weave would report to its error service
     if cpu_platform:
         env["VERL_PLATFORM"] = "cpu"
     proc = subprocess.run([str(node_python), "-c", textwrap.dedent(PROBES), model], env=env, cwd="/tmp",

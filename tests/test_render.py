@@ -202,3 +202,40 @@ def test_comment_only_setup_still_renders_valid_bash():
 def test_command_line_verl_values_resolve_like_the_file(monkeypatch):
     r = load(RECIPES / "sandbox-demo.yaml", ["verl.overrides.trainer.default_local_dir=${oc.env:HOME}/ckpt/${job.name}"]).recipe
     assert r.verl.overrides["trainer.default_local_dir"] == "/home/user/ckpt/sandbox-demo"
+
+
+WHY_LOGS = {
+    # The driver's own traceback ends with the cause; the actor's output, streamed late, follows.
+    "actor lines after the driver's": (
+        "(TaskRunner pid=7) \x1b[36mstarting\x1b[0m\n"
+        "ray.exceptions.RayTaskError: ray::vLLMHttpServer.launch_server() (pid=9, ip=10.0.0.2, actor_id=ab)\n"
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, Sleep mode is not supported on current platform. [type=value_error, input_value=x]\n"
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n"
+        "(vLLMHttpServer pid=9) During handling of the above exception, another exception occurred:\n"
+        "(vLLMHttpServer pid=9) TypeError: cannot pickle 'pydantic_core._pydantic_core.ArgsKwargs' object\n",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig; Value error, Sleep mode "
+        "is not supported on current platform. (in ray::vLLMHttpServer.launch_server() on node2)"),
+    "only an actor's": (
+        "(WorkerDict pid=5, ip=10.0.0.2) ValueError: vllm version None not supported\n"
+        "(WorkerDict pid=5, ip=10.0.0.2) ray::WorkerDict.init() (pid=5, ip=10.0.0.2, actor_id=cd)\n",
+        "ValueError: vllm version None not supported (in ray::WorkerDict.init() on node2)"),
+    "the driver's own": (
+        "Traceback (most recent call last):\nRuntimeError: the demo driver failed as asked\n",
+        "RuntimeError: the demo driver failed as asked"),
+}
+
+
+@pytest.mark.parametrize("case", WHY_LOGS)
+def test_why_the_driver_failed_is_its_own_last_error_with_pydantics_detail(case, tmp_path):
+    """The job's one-line reason (phase driver-error, `status`'s stopped line), read from the
+    driver's log by the rendered script's own why_failed."""
+    log, want = WHY_LOGS[case]
+    (tmp_path / "driver.log").write_text(log)
+    (tmp_path / RunPaths.NODES).write_text("node1 10.0.0.1\nnode2 10.0.0.2\n")
+    script = render(load(RECIPES / "sandbox-demo.yaml").plan)
+    fn = re.search(r"^why_failed\(\) \{.*?^\}\n", script, re.M | re.S).group(0)
+    got = subprocess.run(["bash", "-c", f'redact() {{ printf "%s" "$1"; }}\n{fn}\nwhy_failed "$1"', "x",
+                          str(tmp_path / "driver.log")], capture_output=True, text=True,
+                         env={"LOG_DIR": str(tmp_path), "PATH": os.environ["PATH"]})
+    assert got.stdout == want, got.stderr
