@@ -12,6 +12,7 @@ that verl's Ray actors need but the old estimate let through (verl waits forever
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -159,9 +160,11 @@ def test_verls_wandb_logger_reaches_wandb_and_no_key_is_written(trained, wandb_k
     for row in run["history"]:
         step = row.get("_step")
         assert row["actor/grad_norm"] == pytest.approx(trained.steps[step]["actor/grad_norm"]), row
-    for f in Path(trained.run_dir).rglob("*"):
+    basic = base64.b64encode(f"api:{wandb_key}".encode())  # as the W&B clients send it
+    for f in Path(trained.run_dir).rglob("*"):  # wandb's own files (wandb/run-*/) included
         if f.is_file():
-            assert wandb_key.encode() not in f.read_bytes(), f
+            data = f.read_bytes()
+            assert wandb_key.encode() not in data and basic not in data, f
     assert wandb_key not in trained.out + trained.err
 
 
