@@ -189,9 +189,6 @@ def verdict(what, need, nodes, actors, waited, never):
     return text
 
 
-# Waiting is judged only while nothing moves: an actor that becomes alive, a placement group
-# placed or a training step restarts the clock (Ray starts a node's actors one by one on a
-# busy machine), and each item's clock starts when it is first seen waiting.
 def write_state(state):
     tmp = state_file + ".tmp"
     with open(tmp, "w") as f:
@@ -209,12 +206,15 @@ def last_look(*_):
     sys.exit(0)
 
 
+last_summary = last_state = None
 signal.signal(signal.SIGTERM, last_look)
+# Waiting is judged only while nothing moves: an actor that becomes alive, a placement group
+# placed or a training step restarts the clock (Ray starts a node's actors one by one on a
+# busy machine), and each item's clock starts when it is first seen waiting.
 never_polls = Counter()
 first_seen = {}
 moved_at = time.monotonic()
 last_moves = None
-last_summary = last_state = None
 failures = 0
 while True:
     try:
