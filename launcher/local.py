@@ -129,7 +129,8 @@ def run(req: SubmitRequest, plan: Plan, environ: Mapping[str, str], out: TextIO 
     leftovers = _kill_leftovers(job_id)
     pump.join(timeout=10)
     record.update(finished=time.time(), elapsed=round(time.time() - t0, 1), exit_code=f"{rc}:0",
-                  final_state="COMPLETED" if rc == 0 else "FAILED", leftovers=len(leftovers))
+                  final_state="COMPLETED" if rc == 0 else "FAILED", leftovers=len(leftovers),
+                  leftover_processes=leftovers)
     p.write_record(record)
     if leftovers:
         out.write(f"verl-launch: killed {len(leftovers)} process(es) the job left behind: {leftovers}\n")
@@ -146,21 +147,37 @@ def _pump(stream, path: Path, out: TextIO) -> None:
             out.flush()
 
 
-def _kill_leftovers(job_id: str) -> List[int]:
-    """Processes still carrying this run's marker (a daemonised child that escaped teardown)."""
+def _marked(job_id: str) -> List[int]:
+    """Live processes carrying this run's marker (zombies are gone already)."""
     needle = f"{MARKER}={job_id}".encode()
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue
         try:
+            if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] in "ZX":
+                continue
             if needle in (d / "environ").read_bytes().split(b"\0"):
                 found.append(int(d.name))
-        except OSError:
+        except (OSError, IndexError):
             continue
+    return found
+
+
+def _kill_leftovers(job_id: str, grace: float = 10.0) -> List[str]:
+    """Processes still carrying this run's marker once the script has ended (a daemonised child
+    that escaped teardown), as "pid:name", killed. Orphans on their way out get GRACE seconds
+    first: a trainer's DataLoader workers, say, notice their parent is gone within 5 s."""
+    deadline = time.monotonic() + grace
+    found = _marked(job_id)
+    while found and time.monotonic() < deadline:
+        time.sleep(0.2)
+        found = _marked(job_id)
+    named = []
     for pid in found:
         try:
+            named.append(f"{pid}:{Path(f'/proc/{pid}/comm').read_text().strip()}")
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    return found
+    return named

@@ -214,7 +214,7 @@ def test_the_v1_trainer_trains_the_ci_smoke_recipe_locally(cli, clean_env, node_
     assert "TaskRunnerV1" in log  # verl 0.9's default trainer
     for n, m in steps.items():
         assert m["actor/grad_norm"] > 0 and m["training/rollout_actor_probs_pearson_corr"] > 0.99, (n, m)
-    assert rec["leftovers"] == 0
+    assert rec["leftovers"] == 0, rec.get("leftover_processes")
 
 
 @pytest.mark.sandbox
