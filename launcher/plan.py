@@ -21,7 +21,7 @@ from . import node_checks
 from .checks import effective
 from .overrides import verl_args
 from .schema import Recipe
-from .secrets import wandb_host
+from .secrets import needs_key, wandb_host
 
 RAY_FIXED_PORTS = 9  # GCS .. dashboard; the template lays them out, then the worker ports
 
@@ -58,8 +58,8 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
         directives=tuple(directives(r)),
         verl_args=tuple(verl_args(r, blame) if args is None else args),
         env=tuple(job_env(r)),
-        wandb_needed=_wandb_needed(r),
-        reach_timeout=r.wandb.reach_timeout if _wandb_needed(r) else 0,
+        wandb_needed=needs_key(r),
+        reach_timeout=r.wandb.reach_timeout if needs_key(r) else 0,
         wandb_env=tuple(wandb_env(r)),
         wandb_host=wandb_host(r),
         container_args=tuple(container_args(r)),
@@ -72,10 +72,6 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
         gpu_clear=tuple(node_checks.VENDORS[r.cluster.gpu_vendor]["clear"]),
         exclude_bad_nodes=r.cluster.requeue and r.cluster.exclude_bad_nodes is not False,
     )
-
-
-def _wandb_needed(r: Recipe) -> bool:
-    return r.wandb.enabled or r.trace.backend == "weave"
 
 
 def directives(r: Recipe) -> List[str]:
@@ -117,7 +113,7 @@ def container_args(r: Recipe) -> List[str]:
 def wandb_env(r: Recipe) -> List[Tuple[str, str]]:
     """W&B settings every node exports before Ray starts (never the key: it stays in the env)."""
     w = r.wandb
-    if not _wandb_needed(r):
+    if not needs_key(r):
         return []
     env = [("WANDB_PROJECT", w.project), ("WANDB_NAME", r.experiment)]
     if w.entity:
