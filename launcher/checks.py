@@ -8,6 +8,7 @@ validation runs separately, in verl itself (preflight).
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
 import re
@@ -158,6 +159,27 @@ _WANDB_ENV = {"WANDB_PROJECT": "wandb.project", "WANDB_NAME": "wandb.experiment"
               "WANDB_JOB_TYPE": "wandb.job_type"}
 
 
+STALL_FLOOR = 1800  # seconds: "auto" never stops a job sooner than this after its last step
+STALL_STEPS = 10  # "auto": this many times the slowest step seen
+
+
+def stall_timeout(value) -> str:
+    """cluster.stall_timeout as the watchdog takes it: "auto", "off" or a positive number of
+    seconds; ValueError saying what is accepted."""
+    if value is False or (isinstance(value, str) and value.strip().lower() in ("off", "false", "none")):
+        return "off"
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        seconds = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"must be a positive number of seconds, 'auto' ({STALL_STEPS} x the slowest training "
+                         f"step, at least {STALL_FLOOR} s) or 'off', got {value!r}")
+    return f"{seconds:g}"
+
+
 def _seconds(time: Optional[str]) -> Optional[int]:
     """A Slurm time limit in seconds (None: none, or unlimited). Minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
     if time is None or not _TIME.fullmatch(time) or time in ("UNLIMITED", "INFINITE"):
@@ -222,6 +244,10 @@ def validate(r: Recipe, blame) -> None:
         bad("cluster.gpu_vendor", f"{c.gpu_vendor!r} is not one of {', '.join(GPU_VENDORS)}")
     if c.pending_timeout < 0:
         bad("cluster.pending_timeout", f"must be 0 (no watchdog) or more seconds, got {c.pending_timeout}")
+    try:
+        stall_timeout(c.stall_timeout)
+    except ValueError as e:
+        bad("cluster.stall_timeout", str(e))
     if r.node_checks.min_free_gb < 0:
         bad("node_checks.min_free_gb", f"must be 0 (no check) or more, got {r.node_checks.min_free_gb}")
     if c.time is not None and not _TIME.fullmatch(c.time):

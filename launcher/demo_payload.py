@@ -12,7 +12,10 @@ after reporting (to show a failing entrypoint), ``demo.hold=S`` sleeps S seconds
 ``trace_on_every_node``); it needs verl and weave on the nodes. ``demo.stuck=N`` then waits on
 an actor that asks for N CPUs (more than a node has: work the job's watchdog must catch).
 ``demo.train_steps=N`` prints N training steps as verl's trainer and console logger do, one
-every ``demo.step_seconds`` (default 1). ``demo.raise_with_env=NAME`` raises an exception whose message holds that variable's value.
+every ``demo.step_seconds`` (default 1), after ``demo.warmup`` seconds (a slow start).
+``demo.actor_dies=true`` starts an actor on the last node whose process is then killed, and
+does not ask it anything (a trainer waiting on a dead worker). ``demo.raise_with_env=NAME``
+raises an exception whose message holds that variable's value.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ WANDB_VARS = ("WANDB_PROJECT", "WANDB_NAME", "WANDB_ENTITY", "WANDB_BASE_URL", "
 JOB_VARS = ("SLURM_RESTART_COUNT", "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP")
 # The demo recipe's runtime.setup exports SETUP_HOST=$(hostname): where setup ran for a process.
 SETUP_VAR = "SETUP_HOST"
+_HELD: list = []  # actors the driver keeps a handle on
 ECHO_PREFIX = "DEMO_ECHO_"  # variables reported verbatim (the tests pass hostile values this way)
 
 
@@ -186,6 +190,10 @@ def main(argv: list) -> int:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         print(f"waiting on an actor that needs {stuck} CPUs (demo.stuck)", flush=True)
         ray.get(TooBig.remote().ping.remote())
+    if overrides.get("demo.actor_dies"):
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        _HELD.append(_doomed_actor(nodes[-1]["NodeID"]))  # held: the driver still "needs" it
+    time.sleep(float(overrides.get("demo.warmup", 0)))
     steps = int(overrides.get("demo.train_steps", 0))
     if steps:  # a training run's console, in verl's own words (its trainer's line, its logger)
         from verl.utils.logger.aggregate_logger import LocalLogger
@@ -209,6 +217,27 @@ def main(argv: list) -> int:
     if code:
         print(f"exiting {code} as asked (demo.exit_code)", file=sys.stderr)
     return code
+
+
+def _doomed_actor(node_id: str) -> None:
+    """An actor on node NODE_ID whose process is SIGKILLed once it is up (Ray: WORKER_DIED); the
+    actor is kept referenced, and never asked anything again."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class Doomed:
+        def where(self):
+            return ray.util.get_node_ip_address(), os.getpid()
+
+        def die(self):
+            os.kill(os.getpid(), 9)
+
+    actor = Doomed.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    ip, pid = ray.get(actor.where.remote())
+    actor.die.remote()
+    print(f"the actor on {ip} (pid {pid}) was killed (demo.actor_dies)", flush=True)
+    return actor
 
 
 if __name__ == "__main__":

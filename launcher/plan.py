@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import node_checks
-from .checks import effective
+from .checks import effective, stall_timeout
 from .overrides import verl_args
 from .schema import Recipe
 from .secrets import needs_key, wandb_host
@@ -45,6 +45,7 @@ class Plan:
     keep_checkpoints: int  # verl's limit, enforced at a restart; 0 = keep all
     gpu_clear: Tuple[str, ...]  # other vendors' GPU variables Slurm may set
     exclude_bad_nodes: bool  # requeue without a node the failure is put down to
+    stall_timeout: str  # the watchdog's: "auto", "off" or seconds (checks.stall_timeout)
 
 
 def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = None) -> Plan:
@@ -71,6 +72,7 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
         keep_checkpoints=node_checks.keep_checkpoints(v) if ckpt else 0,
         gpu_clear=tuple(node_checks.VENDORS[r.cluster.gpu_vendor]["clear"]),
         exclude_bad_nodes=r.cluster.requeue and r.cluster.exclude_bad_nodes is not False,
+        stall_timeout=stall_timeout(r.cluster.stall_timeout),
     )
 
 

@@ -61,7 +61,7 @@ def render(p: Plan) -> str:
         node_check=p.node_check if p.node_check_needed else None, node_check_spec=p.node_check_json,
         check_node_py=_embedded("check_node.py"), keep_checkpoints=p.keep_checkpoints,
         node_check_ckpt=p.checkpoint_dir or "", secret_name_re=SECRET_NAME.pattern,
-        pending_timeout=c.pending_timeout, watch_ray_py=_embedded("watch_ray.py"),
+        pending_timeout=c.pending_timeout, stall_timeout=p.stall_timeout, watch_ray_py=_embedded("watch_ray.py"),
     )
     return _env().get_template(TEMPLATE).render(ctx)
 

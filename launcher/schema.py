@@ -60,6 +60,10 @@ class Cluster:
     # While the driver runs, Ray work (actors, placement groups) that waits this long for
     # resources the cluster never frees fails the job, naming the shortfall (0: no watchdog).
     pending_timeout: int = 600
+    # While verl trains: no new training step for this long fails the job (a trainer waiting on
+    # a dead or stuck engine). Seconds; "auto": 10 x the slowest step seen, at least 1800 s;
+    # "off". The clock starts at the first step; engine deaths and dead actors end it sooner.
+    stall_timeout: Any = "auto"
 
 
 @dataclass

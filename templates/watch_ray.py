@@ -3,12 +3,20 @@
 # - STATE_FILE (JSON): nodes, actors and placement groups, and verl's training step, rewritten when
 #   they change, and once more when stopped (TERM at teardown: the driver's last steps);
 # - a line on stdout when the one-line summary changes (`submit --wait` shows it too);
-# - exit 4, with the reason in REASON_FILE, when Ray work waits for resources the cluster cannot
-#   give: at once if no node could ever hold it, else after PENDING_TIMEOUT seconds of waiting
-#   (verl waits forever, silently, for a placement group or actor that does not fit).
+# - a verdict, when the driver waits on something that will never come: one line in
+#   VERDICT_FILE, "PHASE<TAB>NODE<TAB>WHY" (NODE "-": no node to blame), then exit 4:
+#   - hang: Ray work waits for resources the cluster cannot give: at once if no node could
+#     ever hold it, else after PENDING_TIMEOUT seconds of waiting (0: never; verl waits
+#     forever, silently, for a placement group or actor that does not fit);
+#   - driver-error: a vLLM engine died (vLLM's own lines in the driver log), or an actor of the
+#     job died (Ray's actor table: its process died, or ran out of memory), and the driver is
+#     still running EVIDENCE_GRACE s later (verl's trainer waits on a dead engine for ever);
+#   - hang: no new training step for STALL_TIMEOUT ("auto": 10 x the slowest step seen, at
+#     least 1800 s; "off"), counted from the first step, so a slow start is never a stall.
 # - a line in LOST_FILE ("node reason") for each of the job's nodes Ray marks dead.
 # Exits 0 if this Ray has no such API: the job then runs on without the watchdog.
-# argv: GCS_ADDRESS STATE_FILE REASON_FILE NODES_FILE DRIVER_LOG PENDING_TIMEOUT LOST_FILE [POLL_S]
+# argv: GCS_ADDRESS STATE_FILE VERDICT_FILE NODES_FILE DRIVER_LOG PENDING_TIMEOUT LOST_FILE
+#       STALL_TIMEOUT [POLL_S]
 import json
 import os
 import re
@@ -18,8 +26,10 @@ import time
 from collections import Counter
 
 gcs, state_file, reason_file, nodes_file, driver_log = sys.argv[1:6]
-pending_timeout, lost_file = float(sys.argv[6]), sys.argv[7]
-poll = float(sys.argv[8]) if len(sys.argv) > 8 else 2.0
+pending_timeout, lost_file, stall_timeout = float(sys.argv[6]), sys.argv[7], sys.argv[8]
+poll = float(sys.argv[9]) if len(sys.argv) > 9 else 2.0
+EVIDENCE_GRACE = 20  # s: a driver that fails of the death itself says better why
+STALL_FLOOR, STALL_STEPS = 1800, 10  # "auto" (launcher/checks.py says the same to users)
 hosts = {}
 with open(nodes_file) as f:
     for line in f:
@@ -87,15 +97,21 @@ def snapshot():
     for raw in accessor.get_actor_table(None, None):
         a = A.FromString(raw)
         node = nodes.get(a.node_id.hex(), {})
-        death = None
+        death = reason = None
         if a.HasField("death_cause"):
-            ctx = getattr(a.death_cause, a.death_cause.WhichOneof("context") or "", None)
+            which = a.death_cause.WhichOneof("context") or ""
+            ctx = getattr(a.death_cause, which, None)
             text = getattr(ctx, "error_message", "") or getattr(ctx, "formatted_exception_string", "")
-            death = " ".join(str(text).split())[:300] or a.death_cause.WhichOneof("context")
+            death = " ".join(str(text).split())[:300] or which
+            # why, in Ray's words: WORKER_DIED (its process died), RAY_KILL, OUT_OF_SCOPE, ...
+            reason = "OUT_OF_MEMORY" if which == "oom_context" else \
+                common_pb2.ActorDiedErrorContext.Reason.Name(ctx.reason) if which == "actor_died_error_context" \
+                else which.replace("_context", "").upper()
         actors.append({"id": a.actor_id.hex(), "class": a.class_name.rsplit(".", 1)[-1],  # not f.<locals>.Cls
                        "state": A.ActorState.Name(a.state),
-                       "host": node.get("host"), "pid": a.pid, "needs": res(a.required_resources),
-                       "in_pg": bool(a.placement_group_id.strip(b"\0")), "death": death})
+                       "host": node.get("host") or hosts.get(a.address.ip_address), "pid": a.pid,
+                       "needs": res(a.required_resources),
+                       "in_pg": bool(a.placement_group_id.strip(b"\0")), "death": death, "reason": reason})
     pgs = []
     for raw in accessor.get_placement_group_table():
         p = PG.FromString(raw)
@@ -189,11 +205,85 @@ def verdict(what, need, nodes, actors, waited, never):
     return text
 
 
+ANSI = re.compile(rb"\x1b\[[0-9;]*m")
+PREFIX = re.compile(rb"^\((\w+)[^)]*?(?:ip=([0-9a-fA-F.:]+))?\) ")  # "(vLLMHttpServer pid=9, ip=10.0.0.2) "
+# vLLM's own words when an engine process dies, said in the process that ran it (which node);
+# EngineDeadError is also raised in its callers (another node), so it names a node only if
+# nothing better does.
+ENGINE_DIED = re.compile(rb"engine core exited unexpectedly|EngineCore encountered a fatal error"
+                         rb"|Engine core proc \S+ died unexpectedly")
+ENGINE_DEAD = re.compile(rb"EngineDeadError")
+ERROR = re.compile(rb"^(\w+\.)*\w*(Error|Exception)\b[:(]|\bERROR\b|died unexpectedly|exited unexpectedly")
+HARDWARE = re.compile(rb"uncorrectable ECC|ECC error|\bXid\b|fallen off the bus|GPU is lost|NVML_ERROR", re.I)
+HEAD = hosts.get(gcs.rsplit(":", 1)[0])  # Ray's prefix has no ip= for the driver's own node
+
+
+class Evidence:
+    """The driver log as it grows: the first vLLM engine death (when, which node, vLLM's line),
+    the last error lines, a node named in a GPU hardware error."""
+
+    def __init__(self):
+        self.offset, self.rest, self.errors = 0, b"", []
+        self.engine = self.engine_weak = self.hardware = None
+
+    def poll(self):
+        try:
+            with open(driver_log, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read(4 << 20)
+        except OSError:
+            return
+        self.offset += len(chunk)
+        lines = (self.rest + chunk).split(b"\n")
+        self.rest = lines.pop()[-65536:]
+        for raw in lines:
+            line = ANSI.sub(b"", raw).rstrip(b"\r")
+            if not (ERROR.search(line) or ENGINE_DEAD.search(line) or HARDWARE.search(line)):
+                continue
+            m = PREFIX.match(line)
+            node = (hosts.get(m.group(2).decode(), m.group(2).decode()) if m.group(2) else HEAD) if m else None
+            said = " ".join(line[m.end() if m else 0:].decode(errors="replace").split())[:300]
+            if said not in self.errors:
+                self.errors = (self.errors + [said])[-3:]
+            if ENGINE_DIED.search(line) and m and self.engine is None:
+                self.engine = (node, said, time.monotonic())
+            elif ENGINE_DEAD.search(line) and self.engine_weak is None:
+                self.engine_weak = (node if m else None, said, time.monotonic())
+            if HARDWARE.search(line) and node:
+                self.hardware = node
+
+    def engine_died(self):
+        """(node, vLLM's line, when first seen) of a dead engine, or None."""
+        first, best = self.engine_weak or self.engine, self.engine or self.engine_weak
+        return None if best is None else (best[0], best[1], min(first[2], best[2]))
+
+    def last_errors(self):
+        return " | ".join(self.errors) or "none"
+
+
 def write_state(state):
     tmp = state_file + ".tmp"
     with open(tmp, "w") as f:
         json.dump(dict(state, time=time.time()), f, indent=1)
     os.replace(tmp, state_file)
+
+
+def judge(phase, node, why):
+    """The verdict: written for the job script (which ends the driver), said, and exit."""
+    why = " ".join(why.split())
+    with open(reason_file, "w") as f:
+        f.write(f"{phase}\t{node or '-'}\t{why}\n")
+    say(f"ERROR: {why}")
+    sys.exit(4)
+
+
+def stall_limit(slowest):
+    """Seconds without a step that make a stall (None: off)."""
+    if stall_timeout == "off":
+        return None
+    if stall_timeout == "auto":
+        return max(STALL_FLOOR, STALL_STEPS * slowest)
+    return float(stall_timeout)
 
 
 def last_look(*_):
@@ -216,6 +306,10 @@ first_seen = {}
 moved_at = time.monotonic()
 last_moves = None
 failures = 0
+evidence = Evidence()
+died_at = {}  # actor id -> when first seen dead of an unexpected cause
+step_at = step_seen = None  # the last training step and when it was first seen
+slowest = 0.0  # the longest time seen between two steps
 while True:
     try:
         nodes, actors, pgs, queued = snapshot()
@@ -232,6 +326,10 @@ while True:
     now = time.monotonic()
     train = training()
     step = train[0]
+    evidence.poll()
+    if step is not None and step != step_seen:
+        slowest = max(slowest, now - step_at) if step_at is not None else slowest
+        step_at, step_seen = now, step
     text = summary(actors, pgs, train)
     state = {"summary": text, "step": step, "total_steps": train[1], "seconds_per_step": train[2],
              "training": progress(*train), "nodes": nodes, "actors": actors, "placement_groups": pgs}
@@ -270,9 +368,26 @@ while True:
         never_polls[wid] = never_polls[wid] + 1 if never else 0
         waited = now - max(moved_at, first_seen.setdefault(wid, now))
         if never_polls[wid] >= 2 or (pending_timeout and waited >= pending_timeout):
-            reason = verdict(what, need, nodes, actors, waited, never_polls[wid] >= 2)
-            with open(reason_file, "w") as f:
-                f.write(reason + "\n")
-            say(f"ERROR: {reason}")
-            sys.exit(4)
+            if pending_timeout:
+                judge("hang", None, verdict(what, need, nodes, actors, waited, never_polls[wid] >= 2))
+    # What the driver waits on has died: a vLLM engine (its own words in the log), or an actor
+    # (Ray's table). The driver gets EVIDENCE_GRACE s to fail of it on its own.
+    engine = evidence.engine_died()
+    if engine and now - engine[2] >= EVIDENCE_GRACE:
+        node, said, _ = engine
+        judge("driver-error", evidence.hardware, f"vLLM EngineCore on {node or 'a node'} died ({said}); "
+                                                f"the driver's last errors: {evidence.last_errors()}")
+    for a in actors:
+        if a["state"] == "DEAD" and a["reason"] in ("WORKER_DIED", "OUT_OF_MEMORY"):
+            if now - died_at.setdefault(a["id"], now) >= EVIDENCE_GRACE:
+                judge("driver-error", evidence.hardware,
+                      f"Ray actor {a['class']} on {a['host'] or 'a node'} died ({a['reason']}: {a['death']}); "
+                      f"the driver's last errors: {evidence.last_errors()}")
+    limit = stall_limit(slowest) if step_at is not None else None
+    if limit and now - step_at >= limit:
+        how = f"{STALL_STEPS} x the slowest step, {slowest:.0f} s, at least {STALL_FLOOR} s" \
+            if stall_timeout == "auto" else f"{limit:g} s"
+        judge("hang", evidence.hardware, f"no training step for {now - step_at:.0f} s after step {step_seen} "
+                                         f"(cluster.stall_timeout={stall_timeout}: {how}); "
+                                         f"the driver's last errors: {evidence.last_errors()}")
     time.sleep(poll)
