@@ -13,10 +13,12 @@
 #     still running EVIDENCE_GRACE s later (verl's trainer waits on a dead engine for ever);
 #   - hang: no new training step for STALL_TIMEOUT ("auto": 10 x the slowest step seen, at
 #     least 1800 s; "off"), counted from the first step, so a slow start is never a stall.
-# - a line in LOST_FILE ("node reason") for each of the job's nodes Ray marks dead.
+# - a line in LOST_FILE ("node reason") for each of the job's nodes Ray marks dead;
+# - "NODE<TAB>LINE" in ENGINE_FILE once a vLLM engine's death is seen (and at TERM: the driver
+#   may fail of it before a verdict is due), so that the job's phase names the engine.
 # Exits 0 if this Ray has no such API: the job then runs on without the watchdog.
 # argv: GCS_ADDRESS STATE_FILE VERDICT_FILE NODES_FILE DRIVER_LOG PENDING_TIMEOUT LOST_FILE
-#       STALL_TIMEOUT [POLL_S]
+#       STALL_TIMEOUT ENGINE_FILE [POLL_S]
 import json
 import os
 import re
@@ -26,8 +28,8 @@ import time
 from collections import Counter
 
 gcs, state_file, reason_file, nodes_file, driver_log = sys.argv[1:6]
-pending_timeout, lost_file, stall_timeout = float(sys.argv[6]), sys.argv[7], sys.argv[8]
-poll = float(sys.argv[9]) if len(sys.argv) > 9 else 2.0
+pending_timeout, lost_file, stall_timeout, engine_file = float(sys.argv[6]), *sys.argv[7:10]
+poll = float(sys.argv[10]) if len(sys.argv) > 10 else 2.0
 EVIDENCE_GRACE = 20  # s: a driver that fails of the death itself says better why
 STALL_FLOOR, STALL_STEPS = 1800, 10  # "auto" (launcher/checks.py says the same to users)
 hosts = {}
@@ -205,16 +207,17 @@ def verdict(what, need, nodes, actors, waited, never):
     return text
 
 
-ANSI = re.compile(rb"\x1b\[[0-9;]*m")
-PREFIX = re.compile(rb"^\((\w+)[^)]*?(?:ip=([0-9a-fA-F.:]+))?\) ")  # "(vLLMHttpServer pid=9, ip=10.0.0.2) "
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+PREFIX = re.compile(r"^\((\w+)[^)]*?(?:ip=([0-9a-fA-F.:]+))?\) ")  # "(vLLMHttpServer pid=9, ip=10.0.0.2) "
+LEVEL = re.compile(r"^(\(\w+ pid=\d+\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) [0-9-]+ [0-9:]+ \[[^]]*\] ")  # vLLM's
 # vLLM's own words when an engine process dies, said in the process that ran it (which node);
 # EngineDeadError is also raised in its callers (another node), so it names a node only if
 # nothing better does.
-ENGINE_DIED = re.compile(rb"engine core exited unexpectedly|EngineCore encountered a fatal error"
-                         rb"|Engine core proc \S+ died unexpectedly")
-ENGINE_DEAD = re.compile(rb"EngineDeadError")
-ERROR = re.compile(rb"^(\w+\.)*\w*(Error|Exception)\b[:(]|\bERROR\b|died unexpectedly|exited unexpectedly")
-HARDWARE = re.compile(rb"uncorrectable ECC|ECC error|\bXid\b|fallen off the bus|GPU is lost|NVML_ERROR", re.I)
+ENGINE_DIED = re.compile(r"engine core exited unexpectedly|EngineCore encountered a fatal error"
+                         r"|Engine core proc \S+ died unexpectedly")
+ENGINE_DEAD = re.compile(r"EngineDeadError")
+ERROR = re.compile(r"^(\w+\.)*\w*(Error|Exception)\b[:(]|died unexpectedly|exited unexpectedly")
+HARDWARE = re.compile(r"uncorrectable ECC|ECC error|\bXid\b|fallen off the bus|GPU is lost|NVML_ERROR", re.I)
 HEAD = hosts.get(gcs.rsplit(":", 1)[0])  # Ray's prefix has no ip= for the driver's own node
 
 
@@ -224,7 +227,7 @@ class Evidence:
 
     def __init__(self):
         self.offset, self.rest, self.errors = 0, b"", []
-        self.engine = self.engine_weak = self.hardware = None
+        self.engine = self.engine_weak = self.hardware = self.told = None
 
     def poll(self):
         try:
@@ -237,25 +240,31 @@ class Evidence:
         lines = (self.rest + chunk).split(b"\n")
         self.rest = lines.pop()[-65536:]
         for raw in lines:
-            line = ANSI.sub(b"", raw).rstrip(b"\r")
-            if not (ERROR.search(line) or ENGINE_DEAD.search(line) or HARDWARE.search(line)):
-                continue
+            line = ANSI.sub("", raw.decode(errors="replace")).rstrip("\r")
             m = PREFIX.match(line)
-            node = (hosts.get(m.group(2).decode(), m.group(2).decode()) if m.group(2) else HEAD) if m else None
-            said = " ".join(line[m.end() if m else 0:].decode(errors="replace").split())[:300]
-            if said not in self.errors:
+            said = LEVEL.sub("", " ".join(line[m.end() if m else 0:].split()))[:300]
+            if not (ERROR.search(said) or ENGINE_DEAD.search(said) or HARDWARE.search(said)):
+                continue
+            node = (hosts.get(m.group(2), m.group(2)) if m.group(2) else HEAD) if m else None
+            if ERROR.search(said) and said not in self.errors:
                 self.errors = (self.errors + [said])[-3:]
-            if ENGINE_DIED.search(line) and m and self.engine is None:
+            if ENGINE_DIED.search(said) and m and self.engine is None:
                 self.engine = (node, said, time.monotonic())
-            elif ENGINE_DEAD.search(line) and self.engine_weak is None:
+            elif ENGINE_DEAD.search(said) and self.engine_weak is None:
                 self.engine_weak = (node if m else None, said, time.monotonic())
-            if HARDWARE.search(line) and node:
+            if HARDWARE.search(said) and node:
                 self.hardware = node
 
     def engine_died(self):
-        """(node, vLLM's line, when first seen) of a dead engine, or None."""
+        """(node, vLLM's line, when first seen) of a dead engine, or None; also in ENGINE_FILE."""
         first, best = self.engine_weak or self.engine, self.engine or self.engine_weak
-        return None if best is None else (best[0], best[1], min(first[2], best[2]))
+        if best is None:
+            return None
+        if self.told != best[:2]:
+            with open(engine_file, "w") as f:
+                f.write(f"{best[0] or 'a node'}\t{best[1]}\n")
+            self.told = best[:2]
+        return best[0], best[1], min(first[2], best[2])
 
     def last_errors(self):
         return " | ".join(self.errors) or "none"
@@ -287,7 +296,10 @@ def stall_limit(slowest):
 
 
 def last_look(*_):
-    """Stopped at teardown: the driver may have logged its last steps since the last poll."""
+    """Stopped at teardown: the driver may have logged its last steps, or an engine's death,
+    since the last poll."""
+    evidence.poll()
+    evidence.engine_died()
     if last_state is not None:
         train = training()
         if train[0] != last_state["step"]:
@@ -297,6 +309,7 @@ def last_look(*_):
 
 
 last_summary = last_state = None
+evidence = Evidence()
 signal.signal(signal.SIGTERM, last_look)
 # Waiting is judged only while nothing moves: an actor that becomes alive, a placement group
 # placed or a training step restarts the clock (Ray starts a node's actors one by one on a
@@ -306,7 +319,6 @@ first_seen = {}
 moved_at = time.monotonic()
 last_moves = None
 failures = 0
-evidence = Evidence()
 died_at = {}  # actor id -> when first seen dead of an unexpected cause
 step_at = step_seen = None  # the last training step and when it was first seen
 slowest = 0.0  # the longest time seen between two steps

@@ -11,7 +11,9 @@ the metrics wandb logged). Shared by tests/test_verl_job.py, `make demo-verl`
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -193,9 +195,10 @@ class _StepTail:
 
 
 def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "team", timeout: float = 900,
-          echo: bool = False) -> Trained:
+          echo: bool = False, during=None) -> Trained:
     """Submit recipes/sandbox-verl.yaml (`submit --wait`) with NODE_PYTHON on the nodes and a
-    W&B stand-in on the sandbox's bridge (ENV's WANDB_API_KEY is its key), and collect."""
+    W&B stand-in on the sandbox's bridge (ENV's WANDB_API_KEY is its key), and collect.
+    DURING(run_dir, first_log) is called as the job runs (first_log: step -> when first logged)."""
     key = env["WANDB_API_KEY"]
     with StandIn(host=BRIDGE, api_key=key) as w:
         cmd = [sys.executable, "-m", "launcher.cli", "submit", str(RECIPE), f"runtime.python={node_python}",
@@ -221,6 +224,8 @@ def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "te
                     gcs.start()
             else:
                 tail.poll(run_dir / "logs" / "driver.r0.log", first)
+                if during is not None:
+                    during(run_dir, first)
             time.sleep(0.25)
         if proc.poll() is None:
             proc.kill()
@@ -233,3 +238,55 @@ def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "te
         calls, wandb_runs = list(w.calls), dict(getattr(w, "runs", {}))
     return Trained(proc.returncode, "".join(out_lines), "".join(err_lines), run_dir, gcs.seen if gcs else {},
                    calls, wandb_runs, w.url, time.time() - t0, t0, first)
+
+
+def descendants(pid: int) -> List[int]:
+    """PIDs of PID's children, their children, and so on (from /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+class EngineKill:
+    """Kill (SIGKILL) the vLLM EngineCore process on NODE AFTER s once verl has logged step AT: the
+    engine process under that node's vLLMHttpServer actor, whose PID the job's own Ray state
+    (logs/ray-state.r0.json) names; `killed` is when, `pid` what. FREEZE_TRAINER: first SIGSTOP
+    verl's fit loop (its TaskRunner actor), a trainer that waits on the engine for ever (as verl
+    did when the engine died in a weight sync) rather than fail of it."""
+
+    def __init__(self, node: str = "node2", at: int = 2, after: float = 0.0, freeze_trainer: bool = False):
+        self.node, self.at, self.after, self.killed, self.pid, self.why_not = node, at, after, None, None, ""
+        self.freeze_trainer, self.frozen = freeze_trainer, None
+
+    def __call__(self, run_dir: Path, first: dict) -> None:
+        if self.killed is not None or self.at not in first or time.time() < first[self.at] + self.after:
+            return
+        try:
+            state = json.loads((run_dir / "logs" / "ray-state.r0.json").read_text())
+        except (OSError, ValueError):
+            return
+        servers = [a["pid"] for a in state["actors"]
+                   if a["class"] == "vLLMHttpServer" and a["host"] == self.node and a["state"] == "ALIVE"]
+        for pid in servers:
+            for kid in descendants(pid):
+                try:
+                    title = Path(f"/proc/{kid}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if b"EngineCore" in title:
+                    if self.freeze_trainer:  # verl's fit loop (the TaskRunner actor) stops where it is
+                        self.frozen = next(a["pid"] for a in state["actors"]
+                                           if a["class"] == "TaskRunner" and a["state"] == "ALIVE")
+                        os.kill(self.frozen, signal.SIGSTOP)
+                    os.kill(kid, signal.SIGKILL)
+                    self.killed, self.pid = time.time(), kid
+                    return
+        self.why_not = f"no EngineCore under vLLMHttpServer {servers} on {self.node}"
