@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install node-env system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-first-step clean
+.PHONY: install node-env system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-first-step bench-dead-engine clean
 
 install: $(VENV)/.installed
 
@@ -100,6 +100,10 @@ bench-bad-node: install
 bench-first-step: install node-env
 	@test -f $(SMOKE)/reward.py || $(PY) -m launcher.smoke_assets --out $(SMOKE) >/dev/null
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && VERL_SMOKE_DIR=$(SMOKE) $(PY) bench/first_step_bench.py --repeat 2
+
+bench-dead-engine: install node-env
+	@test -f $(SMOKE)/reward.py || $(PY) -m launcher.smoke_assets --out $(SMOKE) >/dev/null
+	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && VERL_SMOKE_DIR=$(SMOKE) $(PY) bench/dead_engine_bench.py
 
 bench-sweep: install
 	$(PY) bench/sweep_bench.py

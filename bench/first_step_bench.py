@@ -19,7 +19,6 @@ it leaves out submit (verl's preflight, which a resubmit of the same recipe has 
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -32,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-from verl_train import plain, train  # noqa: E402
+from verl_train import bench_args, job_env, plain, train  # noqa: E402
 
 LAUNCHER = ("submit", "queue", "Ray ready", "driver start")
 VERL = ("verl init", "vLLM start", "step 1")
@@ -61,20 +60,11 @@ def split(job) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--node-python", default=str(ROOT / ".venv-node" / "bin" / "python"))
-    args = ap.parse_args(argv)
-    if "SLURM_CONF" not in os.environ:
-        sys.exit("no SLURM_CONF: eval \"$(tests/cluster/sandbox-up.sh)\" first")
-    smoke = Path(os.environ.get("VERL_SMOKE_DIR", "/tmp/verl-launch-smoke"))
-    if not (smoke / "reward.py").exists():
-        sys.exit(f"no smoke assets in {smoke}: python -m launcher.smoke_assets --out {smoke}")
+    args, smoke = bench_args(__doc__, argv)
     runs = []
     with tempfile.TemporaryDirectory(prefix="first-step-") as tmp:
         for i in range(args.repeat):
-            env = dict(os.environ, WANDB_API_KEY="bench-" + secrets.token_hex(24), RAY_AUTH_MODE="disabled",
-                       VERL_SMOKE_DIR=str(smoke), VERL_LAUNCH_STATE=f"{tmp}/state", HOME=f"{tmp}/home")
+            env = job_env(os.environ, wandb_key="bench-" + secrets.token_hex(24), smoke=smoke, tmp=tmp)
             job = train(node_python=args.node_python, runs=Path(tmp) / f"runs{i}", env=env)
             parts = split(job)
             runs.append(parts)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Mapping, Optional, TextIO
 
-from .errors import SlurmError
+from .errors import RecipeError, SlurmError
 
 
 def prepare(recipe, overrides: List[str] = (), local: bool = False, check: bool = True,
@@ -159,22 +159,50 @@ def submit(recipe, overrides: List[str] = (), local: bool = False, check: bool =
     return Run(job_id=done.job_id, run_dir=str(done.paths.run_dir))
 
 
-def merge(ref: str, step: str = "latest", target: Optional[str] = None, local: bool = False):
-    """`verl-launch merge`: the checkpoint of REF (a run's job id or directory, or a checkpoint
-    directory) merged into a Hugging Face model by verl's merger, as a one-node job submitted
-    with submitit (LOCAL: here, through submitit's local executor). Returns the submitit job;
-    its result() is the target directory (use wait_merge to wait without accounting)."""
+def plan_merge(ref: str, step: str = "latest", target: Optional[str] = None, local: bool = False,
+               serve_check: bool = False) -> dict:
+    """What `merge` would submit, submitting nothing (`merge --dry-run`): the checkpoint, the
+    target, the job's memory and GPUs, the interpreter. Refuses (RecipeError) what cannot work:
+    a bad checkpoint or target, --serve-check with an interpreter that has no vLLM."""
     from . import merge_job as m
 
     ckpt, run = m.find(ref, str(step))
     r = m.load_run_recipe(run)
     tgt = m.target_for(ckpt, target)
-    folder = (Path(run["run_dir"]) / "merge" if run else ckpt.root / ".verl-launch-merge") / f"step_{ckpt.step}"
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     spec = m.spec_for(ckpt, tgt, r, run)
-    job = m.executor(folder, r, ckpt, local).submit(m.run, spec)
-    job.verl_launch = {"job_id": str(job.job_id), "target": str(tgt), "step": ckpt.step, "local": local,
-                       "checkpoint": str(ckpt.actor), "mem_gb": m.mem_gb(ckpt), "folder": str(folder)}
+    spec.serve_check = serve_check
+    looked = None
+    if serve_check:
+        if spec.container:
+            looked = f"not checked here: the merge runs in the run's container ({r.container.image})"
+        elif m.has_vllm(spec.python) is False:
+            raise RecipeError(f"--serve-check loads the merged model in vLLM with the run's interpreter, and "
+                              f"{spec.python} has no vllm module (looked with that interpreter, here)"
+                              + ("" if run else "; give a run (its runtime.python) rather than a checkpoint"),
+                              where=m.CMDLINE)
+        else:
+            looked = f"vllm found by {spec.python}"
+    folder = (Path(run["run_dir"]) / "merge" if run else ckpt.root / ".verl-launch-merge") / f"step_{ckpt.step}"
+    return {"ckpt": ckpt, "run": run, "recipe": r, "spec": spec, "folder": folder, "local": local,
+            "gpus": m.serve_gpus(r, local) if serve_check else 0, "mem_gb": m.mem_gb(ckpt), "vllm": looked}
+
+
+def merge(ref: str, step: str = "latest", target: Optional[str] = None, local: bool = False,
+          serve_check: bool = False):
+    """`verl-launch merge`: the checkpoint of REF (a run's job id or directory, or a checkpoint
+    directory) merged into a Hugging Face model by verl's merger, as a one-node job submitted
+    with submitit (LOCAL: here, through submitit's local executor); SERVE_CHECK: then loaded in
+    vLLM, which must generate from the model's chat template. Returns the submitit job; its
+    result() is the target directory (use wait_merge to wait without accounting)."""
+    from . import merge_job as m
+
+    p = plan_merge(ref, step, target, local, serve_check)
+    ckpt, run, spec = p["ckpt"], p["run"], p["spec"]
+    p["folder"].mkdir(parents=True, exist_ok=True, mode=0o700)
+    job = m.executor(p["folder"], p["recipe"], ckpt, local, gpus=p["gpus"]).submit(m.run, spec)
+    job.verl_launch = {"job_id": str(job.job_id), "target": spec.target, "step": ckpt.step, "local": local,
+                       "checkpoint": str(ckpt.actor), "mem_gb": p["mem_gb"], "folder": str(p["folder"]),
+                       "gpus": p["gpus"], "serve_check": serve_check}
     m.record(run, dict(job.verl_launch, submitted=time.time()))
     return job
 

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 from . import __version__
@@ -112,7 +113,8 @@ def _parser() -> argparse.ArgumentParser:
                                     "(python -m verl.model_merger merge --backend fsdp), as a one-node Slurm job "
                                     "submitted with submitit, sized from the checkpoint, with the run's interpreter, "
                                     "setup and container. The result is checked (config, weights load, parameter "
-                                    "count) and recorded in the run's run.json.")
+                                    "count) and recorded in the run's run.json. --serve-check then loads it in vLLM "
+                                    "and generates from the model's own chat template.")
     mg.add_argument("ref", metavar="RUN|CHECKPOINT_DIR",
                     help="a run (job id or run directory) or a checkpoint directory (verl's default_local_dir, "
                          "a global_step_N in it, or its actor/)")
@@ -122,6 +124,11 @@ def _parser() -> argparse.ArgumentParser:
                                                     "the step's actor/)")
     mg.add_argument("--local", action="store_true", help="run it here (submitit's local executor), not under Slurm")
     mg.add_argument("--wait", action="store_true", help="wait for it; exit 0 if the merge succeeded, 1 otherwise")
+    mg.add_argument("--serve-check", action="store_true",
+                    help="then load the merged model in vLLM (the run's interpreter) and generate a few tokens from "
+                         "a prompt in its chat template; the job asks for 1 GPU where the run's nodes have GPUs")
+    mg.add_argument("--dry-run", action="store_true", help="say what would be submitted (checkpoint, target, "
+                                                           "memory, GPUs, interpreter); submit nothing")
     mg.add_argument("--json", action="store_true", help='print one JSON object: {"job_id", "target", "step"}')
     cn = sub.add_parser("cancel", help="scancel a run and wait for its terminal state",
                         description="scancel a run, wait for its terminal state, and record it in the run.")
@@ -267,15 +274,34 @@ def cmd_image(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from .api import merge, wait_merge
+    from .api import merge, plan_merge, wait_merge
 
-    job = merge(args.ref, args.step, args.target, args.local)
-    info = job.verl_launch
     out = sys.stderr if args.json else sys.stdout
+    if args.dry_run:
+        p = plan_merge(args.ref, args.step, args.target, args.local, args.serve_check)
+        spec = p["spec"]
+        print(f"would merge step {p['ckpt'].step} of {spec.checkpoint} "
+              f"{'here (submitit local executor)' if args.local else 'as a one-node Slurm job'}: "
+              f"{p['mem_gb']} GB of memory, {p['gpus']} GPU(s)", file=out)
+        print(f"  target       {spec.target}", file=out)
+        print(f"  interpreter  {spec.python}", file=out)
+        if args.serve_check:
+            print(f"  serve check  vLLM loads the merged model and generates ({p['vllm']})"
+                  + ("; it asks for 1 GPU: the run's nodes have GPUs" if p["gpus"] else ""), file=out)
+        if args.json:
+            print(json.dumps({"dry_run": True, "step": p["ckpt"].step, "checkpoint": spec.checkpoint,
+                              "target": spec.target, "mem_gb": p["mem_gb"], "gpus": p["gpus"],
+                              "python": spec.python, "serve_check": args.serve_check}))
+        return 0
+    job = merge(args.ref, args.step, args.target, args.local, args.serve_check)
+    info = job.verl_launch
     where = "here (submitit's local executor)" if args.local else f"as Slurm job {info['job_id']}"
-    print(f"merging step {info['step']} of {info['checkpoint']} {where}, {info['mem_gb']} GB of memory", file=out)
+    print(f"merging step {info['step']} of {info['checkpoint']} {where}, {info['mem_gb']} GB of memory"
+          + (f", {info['gpus']} GPU" if info["gpus"] else ""), file=out)
     print(f"  target  {info['target']}", file=out)
     print(f"  output  {job.paths.stdout}", file=out)
+    if args.serve_check:
+        print("  then    vLLM loads it and generates from its chat template (--serve-check)", file=out)
     result = {"job_id": info["job_id"], "target": info["target"], "step": info["step"]}
     if args.wait:
         try:
@@ -283,9 +309,22 @@ def cmd_merge(args) -> int:
         except SlurmError as e:
             return _fail(f"error: {e}", EXIT_FAILED)
         print(f"merged: {info['target']}", file=out)
+        served = _served(info["target"])
+        if served:
+            print(f"served: vLLM answered {served['prompt']!r} with {served['output']!r}", file=out)
+            result["serve_check"] = served
     if args.json:
         print(json.dumps(result))
     return 0
+
+
+def _served(target: str) -> Optional[dict]:
+    from .merge_job import MARKER
+
+    try:
+        return json.loads(Path(target, MARKER).read_text()).get("serve_check")
+    except (OSError, ValueError):
+        return None
 
 
 def cmd_submit(args) -> int:

@@ -14,7 +14,8 @@ an actor that asks for N CPUs (more than a node has: work the job's watchdog mus
 ``demo.train_steps=N`` prints N training steps as verl's trainer and console logger do, one
 every ``demo.step_seconds`` (default 1), after ``demo.warmup`` seconds (a slow start).
 ``demo.actor_dies=true`` starts an actor on the last node whose process is then killed, and
-does not ask it anything (a trainer waiting on a dead worker). ``demo.raise_with_env=NAME``
+does not ask it anything (a trainer waiting on a dead worker); ``demo.actor_says=TEXT``: it
+prints TEXT first (a line of the driver's log from that node, as a GPU error would be). ``demo.raise_with_env=NAME``
 raises an exception whose message holds that variable's value.
 """
 
@@ -191,8 +192,8 @@ def main(argv: list) -> int:
         print(f"waiting on an actor that needs {stuck} CPUs (demo.stuck)", flush=True)
         ray.get(TooBig.remote().ping.remote())
     if overrides.get("demo.actor_dies"):
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        _HELD.append(_doomed_actor(nodes[-1]["NodeID"]))  # held: the driver still "needs" it
+        ray.init(address=address, logging_level="ERROR", log_to_driver=bool(overrides.get("demo.actor_says")))
+        _HELD.append(_doomed_actor(nodes[-1]["NodeID"], overrides.get("demo.actor_says")))  # held: "needed"
     time.sleep(float(overrides.get("demo.warmup", 0)))
     steps = int(overrides.get("demo.train_steps", 0))
     if steps:  # a training run's console, in verl's own words (its trainer's line, its logger)
@@ -219,7 +220,7 @@ def main(argv: list) -> int:
     return code
 
 
-def _doomed_actor(node_id: str) -> None:
+def _doomed_actor(node_id: str, says=None):
     """An actor on node NODE_ID whose process is SIGKILLed once it is up (Ray: WORKER_DIED); the
     actor is kept referenced, and never asked anything again."""
     import ray
@@ -230,12 +231,15 @@ def _doomed_actor(node_id: str) -> None:
         def where(self):
             return ray.util.get_node_ip_address(), os.getpid()
 
-        def die(self):
+        def die(self, says):
+            if says:
+                print(says, flush=True)
+                time.sleep(3)  # Ray streams it to the driver
             os.kill(os.getpid(), 9)
 
     actor = Doomed.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
     ip, pid = ray.get(actor.where.remote())
-    actor.die.remote()
+    actor.die.remote(says)
     print(f"the actor on {ip} (pid {pid}) was killed (demo.actor_dies)", flush=True)
     return actor
 

@@ -178,7 +178,11 @@ def cmd_status(args) -> int:
         print(f"W&B {name:<7} {url}")
     for m in row["merges"]:
         done = f"merged, {m['parameters']:,} parameters" if m.get("parameters") else m["state"]
-        print(f"merge      step {m['step']} -> {m['target']}: {done} (job {m['job_id']})")
+        served = m.get("serve_check")
+        if served:
+            done += (f"; {served['engine']} served it: {served['prompt']!r} -> {served['output'][:60]!r}"
+                     if served.get("ok") else f"; vLLM did not serve it: {str(served.get('error'))[:200]}")
+        print(redact(f"merge      step {m['step']} -> {m['target']}: {done} (job {m['job_id']})"))
     return 0
 
 
@@ -198,7 +202,7 @@ def _merges(run: dict) -> list:
         except (OSError, ValueError, KeyError):
             mark = {}
         if mark.get("step") == m.get("step") and str(mark.get("job_id")) == str(m.get("job_id")):
-            m = dict(m, state="COMPLETED", parameters=mark.get("parameters"))
+            m = dict(m, state="COMPLETED", parameters=mark.get("parameters"), serve_check=mark.get("serve_check"))
         elif m.get("local"):
             m = dict(m, state="not merged (a local merge that did not finish)")
         else:

@@ -6,6 +6,12 @@ compute node, sized from the checkpoint, with the run's interpreter, setup, envi
 container. The merged model is written beside the target, checked (its config, its weights
 load with transformers with no key missing or left over, its parameter count), then moved into
 place whole, with a marker naming the step it came from; the run's run.json records it.
+
+The serve check (--serve-check) then loads the merged model in vLLM, as evaluation and serving
+will, and generates a few tokens from a prompt put through the model's own chat template: a
+missing tokenizer file or chat template shows here, not on the serving side. Its result goes in
+the marker; the job fails if it does (the merged model stays in place, marked). It asks for one
+GPU where the run's nodes have GPUs.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from .errors import RecipeError
 from .paths import RunPaths
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl writes it after each complete save
+SERVE_PROMPT = "What is 2 + 3?"
 MARKER = "verl-launch-merge.json"  # in a merged model: where it came from
 CMDLINE = "command line"
 
@@ -51,6 +58,7 @@ class MergeSpec:
     env: dict = field(default_factory=dict)  # the recipe's env
     container: List[str] = field(default_factory=list)  # pyxis options: the merger runs in the image
     run_dir: Optional[str] = None
+    serve_check: bool = False  # then load it in vLLM and generate (_SERVE)
 
 
 # ----------------------------------------------------------------------------- finding it
@@ -174,9 +182,9 @@ def run(spec: MergeSpec) -> str:
     merger = [spec.python, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
               "--local_dir", spec.checkpoint, "--target_dir", str(tmp)]
     check = [spec.python, "-c", _CHECK, str(tmp)]
+    serve = [spec.python, "-c", _SERVE, str(target), SERVE_PROMPT, str(target / ".serve-check.json")]
     if spec.container:  # the image has verl; this step runs it there
-        merger = ["srun", "--overlap", "--ntasks=1", *spec.container, *merger]
-        check = ["srun", "--overlap", "--ntasks=1", *spec.container, *check]
+        merger, check, serve = (["srun", "--overlap", "--ntasks=1", *spec.container, *c] for c in (merger, check, serve))
     try:
         print(f"verl-launch merge: {' '.join(merger)}", flush=True)
         subprocess.run(merger, env=env, check=True, stdin=subprocess.DEVNULL)
@@ -192,7 +200,31 @@ def run(spec: MergeSpec) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     print(f"verl-launch merge: {target} ({report['parameters']} parameters, {report['dtype']})", flush=True)
+    if spec.serve_check:
+        _serve_check(serve, env, target, report)
     return str(target)
+
+
+def _serve_check(cmd: list, env: dict, target: Path, report: dict) -> None:
+    """vLLM serves the merged model (_SERVE), or the job fails saying why; either way the
+    marker records it."""
+    out = target / ".serve-check.json"
+    print(f"verl-launch merge: serve check: {' '.join(cmd[:2])} ... (vLLM loads {target})", flush=True)
+    proc = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace")
+    print(proc.stdout[-20000:], end="", flush=True)  # vLLM's own log, in the job's output
+    try:
+        result = json.loads(out.read_text())
+        out.unlink()
+    except (OSError, ValueError):
+        last = [ln for ln in proc.stdout.splitlines() if ln.strip()][-1:] or ["no output"]
+        result = {"ok": False, "error": f"exit {proc.returncode}: {last[0][:500]}"}
+    report["serve_check"] = result
+    (target / MARKER).write_text(json.dumps(report, indent=2) + "\n")
+    if not result.get("ok"):
+        raise RuntimeError(f"the merged model does not serve in vLLM: {result.get('error')}")
+    print(f"verl-launch merge: vLLM served it: {result['prompt']!r} -> {result['output']!r} "
+          f"({result['tokens']} tokens)", flush=True)
 
 
 # Run by the run's interpreter on the merged model: its config, every weight loaded by
@@ -211,7 +243,54 @@ print(json.dumps({"architectures": config.architectures, "parameters": sum(p.num
 """
 
 
-def executor(folder: Path, r, ckpt: Checkpoint, local: bool):
+# Run by the run's interpreter on the merged model: its chat template on a prompt, then vLLM
+# loads it and generates; the result (or why not) as JSON in argv[3].
+_SERVE = """
+import json, os, sys, time
+path, prompt, out = sys.argv[1:4]
+def done(**kw):
+    with open(out, "w") as f:
+        json.dump(kw, f)
+    sys.exit(0 if kw.get("ok") else 1)
+t0 = time.time()
+try:
+    from transformers import AutoConfig, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(path)
+    if not tok.chat_template:
+        done(ok=False, error="the merged model has no chat template (tokenizer_config.json): "
+                             "prompts cannot be put in the model's own format")
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    import vllm
+    from vllm import LLM, SamplingParams
+    length = min(1024, getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 1024))
+    llm = LLM(model=path, max_model_len=length, enforce_eager=True, dtype="auto")
+    got = llm.generate([text], SamplingParams(max_tokens=16, temperature=0))[0].outputs[0]
+except Exception as e:
+    done(ok=False, error=f"{type(e).__name__}: {str(e)[:800]}")
+done(ok=bool(got.token_ids), engine=f"vllm {vllm.__version__}", prompt=prompt, chat_template=True,
+     output=got.text, tokens=len(got.token_ids), seconds=round(time.time() - t0, 1),
+     generation_config=os.path.exists(os.path.join(path, "generation_config.json")),
+     error=None if got.token_ids else "vLLM generated no token")
+"""
+
+
+def has_vllm(python: str) -> Optional[bool]:
+    """Whether PYTHON (the run's interpreter, here) imports vLLM; None if it cannot be run here."""
+    try:
+        proc = subprocess.run([python, "-c", "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"],
+                              capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.returncode == 0
+
+
+def serve_gpus(r, local: bool) -> int:
+    """GPUs the serve check asks for: one where the run's nodes have GPUs (never for --local:
+    this machine's own)."""
+    return 1 if (r is not None and not local and r.cluster.gpus_per_node > 0) else 0
+
+
+def executor(folder: Path, r, ckpt: Checkpoint, local: bool, gpus: int = 0):
     """submitit's executor for one node: the recipe's partition, account, qos, setup, container
     (pyxis options go to the merger's own step); memory sized from the checkpoint."""
     import submitit
@@ -219,6 +298,8 @@ def executor(folder: Path, r, ckpt: Checkpoint, local: bool):
     ex = submitit.AutoExecutor(folder=str(folder), cluster="local" if local else "slurm")
     params = dict(name=f"{r.job.name if r else 'verl'}-merge", timeout_min=_minutes(r), mem_gb=mem_gb(ckpt),
                   cpus_per_task=min(8, r.cluster.cpus_per_task) if r else 8, nodes=1, tasks_per_node=1)
+    if gpus:
+        params["gpus_per_node"] = gpus
     if not local:
         c = r.cluster if r else None
         for name in ("partition", "account", "qos"):

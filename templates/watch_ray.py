@@ -129,9 +129,10 @@ total_steps, head_read = None, 0
 
 
 def training():
-    """(step, total, seconds per step) from the driver log: the last `step:N` verl's console
-    logger printed and its `timing_s/step` (the mean of the last five), and the `Total training
-    steps: N` verl's trainer prints at its start (looked for in the log's first MiB)."""
+    """(step, total, seconds per step, resumed from) from the driver log: the last `step:N`
+    verl's console logger printed and its `timing_s/step` (the mean of the last five), the
+    `Total training steps: N` verl's trainer prints at its start (looked for in the log's first
+    MiB), and the checkpoint step it said it resumed from (Evidence, polled before)."""
     global total_steps, head_read
     try:
         size = os.path.getsize(driver_log)
@@ -144,24 +145,25 @@ def training():
             f.seek(max(0, size - 65536))
             lines = re.findall(rb"\bstep:(\d+)\b([^\n]*)", f.read())
     except OSError:
-        return None, total_steps, None
+        return None, total_steps, None, evidence.resumed
     if not lines:
-        return None, total_steps, None
+        return None, total_steps, None, evidence.resumed
     times = [float(t) for _, rest in lines[-5:] for t in re.findall(rb"timing_s/step:([0-9.eE+-]+)", rest)]
-    return int(lines[-1][0]), total_steps, (sum(times) / len(times) if times else None)
+    return int(lines[-1][0]), total_steps, (sum(times) / len(times) if times else None), evidence.resumed
 
 
-def progress(step, total, per_step):
-    """"training step 3/120, 12.3 s/step, ETA 0:24:36" (what is known of it)."""
+def progress(step, total, per_step, resumed=None):
+    """"training step 3/120, 12.3 s/step, ETA 0:24:36" (what is known of it), and "resumed from
+    step 2" after a restart."""
     if step is None:
-        return ""
+        return f"resumed from step {resumed}, not yet stepped" if resumed is not None else ""
     text = f"training step {step}" + (f"/{total}" if total else "")
     if per_step:
         text += f", {per_step:.1f} s/step"
         if total and total > step:
             eta = int((total - step) * per_step)
             text += f", ETA {eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}"
-    return text
+    return text + (f" (resumed from step {resumed})" if resumed is not None else "")
 
 
 def summary(actors, pgs, train):
@@ -218,16 +220,17 @@ ENGINE_DIED = re.compile(r"engine core exited unexpectedly|EngineCore encountere
 ENGINE_DEAD = re.compile(r"EngineDeadError")
 ERROR = re.compile(r"^(\w+\.)*\w*(Error|Exception)\b[:(]|died unexpectedly|exited unexpectedly")
 HARDWARE = re.compile(r"uncorrectable ECC|ECC error|\bXid\b|fallen off the bus|GPU is lost|NVML_ERROR", re.I)
+RESUMED = re.compile(r"global_step_(\d+)\s*$")
 HEAD = hosts.get(gcs.rsplit(":", 1)[0])  # Ray's prefix has no ip= for the driver's own node
 
 
 class Evidence:
     """The driver log as it grows: the first vLLM engine death (when, which node, vLLM's line),
-    the last error lines, a node named in a GPU hardware error."""
+    the last error lines, a node named in a GPU hardware error, the step verl resumed from."""
 
     def __init__(self):
         self.offset, self.rest, self.errors = 0, b"", []
-        self.engine = self.engine_weak = self.hardware = self.told = None
+        self.engine = self.engine_weak = self.hardware = self.told = self.resumed = None
 
     def poll(self):
         try:
@@ -242,7 +245,10 @@ class Evidence:
         for raw in lines:
             line = ANSI.sub("", raw.decode(errors="replace")).rstrip("\r")
             m = PREFIX.match(line)
-            said = LEVEL.sub("", " ".join(line[m.end() if m else 0:].split()))[:300]
+            text = line[m.end() if m else 0:].strip()
+            if text.startswith("Resuming from ") and RESUMED.search(text):  # verl's trainer (its TaskRunner)
+                self.resumed = int(RESUMED.search(text).group(1))
+            said = LEVEL.sub("", " ".join(text.split()))[:300]
             if not (ERROR.search(said) or ENGINE_DEAD.search(said) or HARDWARE.search(said)):
                 continue
             node = (hosts.get(m.group(2), m.group(2)) if m.group(2) else HEAD) if m else None
@@ -304,7 +310,7 @@ def last_look(*_):
         train = training()
         if train[0] != last_state["step"]:
             write_state(dict(last_state, step=train[0], total_steps=train[1], seconds_per_step=train[2],
-                             training=progress(*train)))
+                             resumed_from=train[3], training=progress(*train)))
     sys.exit(0)
 
 
@@ -336,14 +342,15 @@ while True:
         time.sleep(poll)
         continue
     now = time.monotonic()
+    evidence.poll()
     train = training()
     step = train[0]
-    evidence.poll()
     if step is not None and step != step_seen:
         slowest = max(slowest, now - step_at) if step_at is not None else slowest
         step_at, step_seen = now, step
     text = summary(actors, pgs, train)
     state = {"summary": text, "step": step, "total_steps": train[1], "seconds_per_step": train[2],
+             "resumed_from": train[3],
              "training": progress(*train), "nodes": nodes, "actors": actors, "placement_groups": pgs}
     if state != last_state:
         write_state(state)

@@ -13,23 +13,9 @@ import os
 import pytest
 
 from sandbox_procs import job_processes
-from verl_train import EngineKill, train
+from verl_train import job_env, kill_engine_mid_training
 
 pytestmark = pytest.mark.sandbox
-
-
-def kill_engine_mid_training(sandbox, node_python, smoke_assets, wandb_key, tmp, freeze_trainer=False) -> tuple:
-    """(the job, the kill, seconds from the kill to the end of `submit --wait`)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "SLURM_"))}
-    env = sandbox.env(dict(env, WANDB_API_KEY=wandb_key, HOME=str(tmp / "home"), RAY_AUTH_MODE="disabled",
-                           VERL_SMOKE_DIR=str(smoke_assets), VERL_LAUNCH_STATE=str(tmp / "state")))
-    kill = EngineKill(node="node2", at=2, after=2.2, freeze_trainer=freeze_trainer)  # before the weight sync
-    job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=600, during=kill,
-                overrides=["verl.overrides.trainer.total_training_steps=60", "verl.overrides.trainer.save_freq=-1",
-                           "wandb.experiment=dead-engine"])
-    job.env = env
-    ended = job.submitted_at + job.seconds
-    return job, kill, (ended - kill.killed) if kill.killed else None
 
 
 @pytest.mark.parametrize("trainer", ["fails", "waits"])
@@ -38,7 +24,8 @@ def test_a_dead_vllm_engine_ends_the_job_naming_it_and_leaves_nothing(sandbox, n
     """verl 0.9.1 here fails of the dead engine by itself (EngineDeadError from the next
     generate): the phase names the engine from vLLM's own line. "waits": its fit loop frozen
     (SIGSTOP), the watchdog's verdict ends the job 20 s (EVIDENCE_GRACE) after vLLM's line."""
-    job, kill, seconds = kill_engine_mid_training(sandbox, node_python, smoke_assets, wandb_key, tmp_path,
+    env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp_path))
+    job, kill, seconds = kill_engine_mid_training(node_python=node_python, runs=tmp_path / "runs", env=env,
                                                   freeze_trainer=trainer == "waits")
     assert kill.killed is not None, f"{kill.why_not}\n{job.out[-3000:]}{job.err[-3000:]}"
     print(f"\nEngineCore (pid {kill.pid}) killed on node2 after step 2, trainer {trainer}: "
@@ -57,6 +44,6 @@ def test_a_dead_vllm_engine_ends_the_job_naming_it_and_leaves_nothing(sandbox, n
     assert not any(p["phase"] == "bad-node" for p in job.phases)  # no hardware words: not the node's fault
     assert [p["phase"] for p in job.phases][-1] == "teardown"
     assert job_processes(job.job_id) == []  # on any node: found by the job id in their environment
-    st = json.loads(cli("status", job.job_id, "--json", env=job.env).stdout)
+    st = json.loads(cli("status", job.job_id, "--json", env=env).stdout)
     assert st["state"] == "FAILED" and st["stopped"].startswith("driver-error: vLLM EngineCore on node2 died")
     assert (st["progress"] or "").startswith("training step ")  # the last step known, after the end

@@ -75,8 +75,8 @@ def _verl_checkpoints(ckpt: Path, *steps: int, latest: int) -> dict:
 
 
 def test_scontrol_requeue_restarts_and_resumes(cli, sandbox, clean_env, tmp_path):
-    # verl's limit on kept checkpoints, applied at the restart to those from before it (verl
-    # forgets them, verl#7395): step 1 goes; 2 and 3 (the one verl resumes from) stay, and so
+    # verl's limit on kept checkpoints, applied by the job to those verl does not know of (verl
+    # forgets them, verl#7395): here at the first run's teardown: step 1 goes; 2 and 3 (the one verl resumes from) stay, and so
     # does 4, saved after the tracker was last written.
     ckpt = tmp_path / "runs" / "checkpoints" / "sandbox-demo"
     files = _verl_checkpoints(ckpt, 1, 2, 3, 4, latest=3)
@@ -104,10 +104,10 @@ def test_scontrol_requeue_restarts_and_resumes(cli, sandbox, clean_env, tmp_path
             d = ckpt / f"global_step_{step}"
             assert sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()) == files[step]
         prune = [p for p in _phases(run_dir) if p["phase"] == "prune"]
-        assert [(p["restart"], p["detail"]) for p in prune] == [
-            (1, "removed global_step_1; kept the newest 2 up to global_step_3")]
+        assert [(p["restart"], p["detail"]) for p in prune] == [  # at the first run's teardown
+            (0, "removed global_step_1; kept the newest 2 up to global_step_3")]
         names = [(p["phase"], p["restart"]) for p in _phases(run_dir)]
-        assert names.index(("prune", 1)) < names.index(("driver-start", 1))  # before verl resumes
+        assert names.index(("prune", 0)) < names.index(("driver-start", 1))  # before verl resumes
     finally:
         sandbox.run("scancel", job)
         sandbox.wait(job)

@@ -25,7 +25,7 @@ import pytest
 
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
-from verl_train import NODE_IP, parse_steps, phases as _phases, plain as _plain, train
+from verl_train import NODE_IP, job_env, parse_steps, phases as _phases, plain as _plain, train
 
 RECIPE = RECIPES / "sandbox-verl.yaml"
 STEPS = 3  # the recipe's trainer.total_training_steps
@@ -72,9 +72,7 @@ def test_one_cpu_short_of_what_verl_holds_is_refused_before_the_queue(cli, clean
 def trained(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
     """recipes/sandbox-verl.yaml as shipped, followed with `submit --wait`, once for this module."""
     tmp = tmp_path_factory.mktemp("trained")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "SLURM_"))}
-    env = sandbox.env(dict(env, WANDB_API_KEY=wandb_key, HOME=str(tmp / "home"), RAY_AUTH_MODE="disabled",
-                           VERL_SMOKE_DIR=str(smoke_assets), VERL_LAUNCH_STATE=str(tmp / "state")))
+    env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp))
     before = _ray_sessions()
     job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900)
     job.env, job.tmp, job.new_ray_sessions = env, tmp, _ray_sessions() - before

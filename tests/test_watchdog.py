@@ -77,7 +77,7 @@ def test_a_run_with_no_new_step_for_stall_timeout_ends_and_a_slow_start_does_not
 @pytest.mark.sandbox
 def test_an_actor_the_driver_holds_dying_ends_the_job_naming_it(cli, sandbox, clean_env, tmp_path):
     info, env = _submit(cli, sandbox, clean_env, tmp_path, "+verl.overrides.demo.actor_dies=true",
-                        "verl.overrides.demo.hold=600")
+                        "verl.overrides.demo.hold=600", "cluster.requeue=true")
     state, out = _ended(sandbox, info)
     assert state == "FAILED", out[-3000:]
     err = [p for p in _phases(info) if p["phase"] == "driver-error"]
@@ -90,3 +90,26 @@ def test_an_actor_the_driver_holds_dying_ends_the_job_naming_it(cli, sandbox, cl
     killed_at = next(p["time"] for p in _phases(info) if p["phase"] == "driver-start")
     assert err[0]["time"] - killed_at < 90
     assert job_processes(info["job_id"]) == []
+    names = [p["phase"] for p in _phases(info)]
+    assert "bad-node" not in names and "requeue" not in names  # no node evidence: not requeued
+
+
+@pytest.mark.sandbox
+def test_a_death_with_gpu_hardware_words_blames_the_node_and_requeues_without_it(cli, sandbox, clean_env, tmp_path):
+    """The dead actor's node said a GPU hardware error (an Xid) first: the evidence points at the
+    node, so with cluster.requeue the job requeues itself without it, as for bad nodes."""
+    info, env = _submit(cli, sandbox, clean_env, tmp_path, "cluster.requeue=true", "+verl.overrides.demo.actor_dies=true",
+                        "+verl.overrides.demo.actor_says='NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.'",
+                        "verl.overrides.demo.hold_first=600")
+    try:
+        deadline = time.monotonic() + 180
+        while not any(p["phase"] == "requeue" for p in _phases(info)) and time.monotonic() < deadline:
+            time.sleep(1)
+        names = {p["phase"]: p for p in _phases(info)}
+        assert "requeue" in names, Path(info["stdout"]).read_text()[-3000:]
+        assert names["driver-error"]["detail"].startswith("Ray actor Doomed on node2 died (WORKER_DIED")
+        assert names["bad-node"]["detail"].startswith("node2: driver-error: Ray actor Doomed on node2 died")
+        assert sandbox.job_field(info["job_id"], "ExcNodeList") == "node2"
+    finally:
+        sandbox.run("scancel", info["job_id"])
+        sandbox.wait(info["job_id"])

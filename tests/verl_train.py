@@ -290,3 +290,39 @@ class EngineKill:
                     self.killed, self.pid = time.time(), kid
                     return
         self.why_not = f"no EngineCore under vLLMHttpServer {servers} on {self.node}"
+
+
+def kill_engine_mid_training(*, node_python, runs: Path, env: dict, freeze_trainer: bool = False) -> tuple:
+    """recipes/sandbox-verl.yaml for 60 steps; node2's EngineCore SIGKILLed 2.2 s after verl's
+    step 2 (in the actor update, before the weight sync; FREEZE_TRAINER: verl's fit loop
+    SIGSTOPped first). (the job, the EngineKill, seconds from the kill to `submit --wait`'s end)."""
+    kill = EngineKill(node="node2", at=2, after=2.2, freeze_trainer=freeze_trainer)
+    job = train(node_python=node_python, runs=runs, env=env, timeout=600, during=kill,
+                overrides=["verl.overrides.trainer.total_training_steps=60", "verl.overrides.trainer.save_freq=-1",
+                           "wandb.experiment=dead-engine"])
+    return job, kill, (job.submitted_at + job.seconds - kill.killed) if kill.killed else None
+
+
+def job_env(base: dict, *, wandb_key: str, smoke, tmp) -> dict:
+    """What a training job is submitted with: BASE without the developer's W&B or Slurm settings,
+    the stand-in's key, the smoke assets, and a launcher state and HOME of its own under TMP."""
+    env = {k: v for k, v in base.items() if not k.startswith(("WANDB_", "SLURM_"))}
+    return dict(env, WANDB_API_KEY=wandb_key, HOME=f"{tmp}/home", RAY_AUTH_MODE="disabled",
+                VERL_SMOKE_DIR=str(smoke), VERL_LAUNCH_STATE=f"{tmp}/state")
+
+
+def bench_args(doc: str, argv=None):
+    """A sandbox bench's command line and preconditions: (args, the smoke assets' directory)."""
+    import argparse
+    import os
+
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--node-python", default=str(ROOT / ".venv-node" / "bin" / "python"))
+    args = ap.parse_args(argv)
+    if "SLURM_CONF" not in os.environ:
+        sys.exit("no SLURM_CONF: eval \"$(tests/cluster/sandbox-up.sh)\" first")
+    smoke = Path(os.environ.get("VERL_SMOKE_DIR", "/tmp/verl-launch-smoke"))
+    if not (smoke / "reward.py").exists():
+        sys.exit(f"no smoke assets in {smoke}: python -m launcher.smoke_assets --out {smoke}")
+    return args, smoke

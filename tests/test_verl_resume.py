@@ -1,0 +1,190 @@
+"""verl's own resume under the launcher, on the real sandbox: recipes/sandbox-verl.yaml trains 7
+steps, saving every 2 (verl's checkpoint manager, keeping 1). Requeued twice while it trains:
+with `scontrol requeue` once verl has saved step 2, then through the job's own time-limit path
+(USR1, as Slurm sends it cluster.signal_seconds before the limit) once the restart has saved
+step 4. Each restart must resume where verl's tracker points: verl says it loads that step,
+its first step logged is the next, the W&B run and Weave project are the same, and verl's limit
+on kept checkpoints holds across the restarts. Then the run's checkpoint is merged and served
+(test_merge_serve_check below)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from verl_train import job_env, parse_steps, plain, train
+
+pytestmark = pytest.mark.sandbox
+EXPERIMENT = "sandbox-verl-resume"
+STEPS, EVERY, KEEP = 7, 2, 1
+
+
+class Requeuer:
+    """Called as the job runs (train's DURING): requeues it at verl's saves, and releases each
+    requeued run from Slurm's begin-time hold. `tracker[r]`: the step verl's tracker named when
+    restart r started (what it must resume from)."""
+
+    def __init__(self, sandbox):
+        self.sandbox, self.done, self.tracker = sandbox, [], {}
+
+    def __call__(self, run_dir: Path, first: dict) -> None:
+        try:
+            job = str(json.loads((run_dir / "run.json").read_text())["job_id"])
+        except (OSError, ValueError, KeyError):
+            return
+        ckpt = run_dir.parent.parent / "checkpoints" / EXPERIMENT / "latest_checkpointed_iteration.txt"
+        saved = ckpt.read_text().strip() if ckpt.exists() else ""
+        started = [p["restart"] for p in _phases(run_dir) if p["phase"] == "driver-start"]
+        for r in started:
+            self.tracker.setdefault(r, int(saved) if saved.isdigit() else None)
+        if not self.done and saved == "2" and started == [0]:
+            self.sandbox.run("scontrol", "requeue", job)
+            self.done.append(("scontrol requeue", time.time()))
+        elif len(self.done) == 1 and saved == "4" and 1 in started:
+            self.sandbox.run("scancel", "--signal=USR1", "--batch", job)
+            self.done.append(("USR1", time.time()))
+        if self.done:
+            self.sandbox.release_requeued(job)
+
+
+def _phases(run_dir: Path) -> list:
+    try:
+        return [json.loads(x) for x in (run_dir / "phases.jsonl").read_text().splitlines()]
+    except (OSError, ValueError):
+        return []
+
+
+@pytest.fixture(scope="module")
+def resumed(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resumed")
+    env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp))
+    requeuer = Requeuer(sandbox)
+    job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=1200, during=requeuer, overrides=[
+        "cluster.requeue=true", f"wandb.experiment={EXPERIMENT}",
+        f"verl.overrides.trainer.total_training_steps={STEPS}", f"verl.overrides.trainer.save_freq={EVERY}",
+        f"verl.overrides.trainer.max_actor_ckpt_to_keep={KEEP}"])
+    job.env, job.requeuer = env, requeuer
+    assert job.run_dir is not None, job.out + job.err
+    return job
+
+
+def _log(job, restart: int) -> str:
+    return plain((job.run_dir / "logs" / f"driver.r{restart}.log").read_text(errors="replace"))
+
+
+def test_each_restart_resumes_from_verls_last_checkpoint(resumed):
+    job = resumed
+    assert [how for how, _ in job.requeuer.done] == ["scontrol requeue", "USR1"], job.out[-3000:]
+    assert job.returncode == 0, job.out[-3000:] + job.err[-3000:]
+    names = [(p["phase"], p["restart"]) for p in job.phases]
+    assert ("preempt", 1) in names and ("requeue", 1) in names  # USR1: the job requeued itself
+    assert ("preempt", 0) not in names  # scontrol requeue: Slurm did
+    assert job.requeuer.tracker[1] == 2 and job.requeuer.tracker[2] == 4, job.requeuer.tracker
+    for r in (1, 2):
+        log, k = _log(job, r), job.requeuer.tracker[r]
+        assert re.search(rf"^(\(TaskRunner[^)]*\) )?Resuming from \S+/global_step_{k}$", log, re.M), log[-3000:]
+        assert min(parse_steps(log)) == k + 1  # verl's own first step after the restart
+    assert max(parse_steps(_log(job, 2))) == STEPS
+    assert "Training from scratch" in _log(job, 0)
+
+
+def test_verls_checkpoint_limit_holds_across_restarts(resumed):
+    """verl forgets checkpoints from before a restart (verl#7395), and of one it removes it leaves
+    the step's directory (it removes actor/ only): the job applies verl's limit at each teardown
+    and restart, never to the step verl resumes from."""
+    ckpt = resumed.run_dir.parent.parent / "checkpoints" / EXPERIMENT
+    assert sorted(p.name for p in ckpt.glob("global_step_*")) == [f"global_step_{STEPS}"]
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
+    prune = [(p["restart"], p["detail"]) for p in resumed.phases if p["phase"] == "prune"]
+    assert prune == [(1, "removed global_step_2; kept the newest 1 up to global_step_4"),
+                     (2, f"removed global_step_4 global_step_6; kept the newest 1 up to global_step_{STEPS}")]
+
+
+def test_restarts_write_to_the_same_wandb_run_and_weave_project(resumed):
+    job = resumed
+    run_id = re.search(r"^export WANDB_RUN_ID=(\w+)$", (job.run_dir / "job.sbatch").read_text(), re.M).group(1)
+    runs = {k: v for k, v in job.wandb_runs.items() if v["name"] == EXPERIMENT}
+    assert list(runs) == [run_id]
+    output = "\n".join(runs[run_id]["output"])
+    assert "Training from scratch" in output and "Resuming from" in output  # r0's console, then r1's
+    # (no history rows to compare: verl 0.9.1 loses a short run's metrics, see README "Not verified here")
+    assert {(c["entity"], c["project"], c["attributes"]["experiment_name"]) for c in job.trajectories} == \
+        {("team", "verl-launch-sandbox", EXPERIMENT)}
+    traced = {c["attributes"].get("step") for c in job.trajectories}
+    assert traced >= set(range(1, STEPS + 1)), sorted(traced)  # every step, before and after the restarts
+
+
+def test_status_shows_the_restart_and_the_resumed_step(resumed, cli):
+    out = cli("status", resumed.job_id, env=resumed.env).stdout
+    assert "restart 2" in out, out
+    assert re.search(rf"progress   training step {STEPS}/{STEPS}.*\(resumed from step 4\)", out), out
+
+
+# Run by the node environment's interpreter (its torch wrote the shards): the actor's full state,
+# gathered from verl's FSDP shards (DTensors, sharded on a dim or replicated), against the merged
+# model as transformers loads it, in bf16.
+_SAME = """
+import json, sys, torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM
+actor, target = Path(sys.argv[1]), sys.argv[2]
+world = json.loads((actor / "fsdp_config.json").read_text())["world_size"]
+shards = [torch.load(actor / f"model_world_size_{world}_rank_{r}.pt", weights_only=False, map_location="cpu")
+          for r in range(world)]
+full = {}
+for k, v in shards[0].items():
+    dims = [p.dim for p in getattr(v, "placements", ()) if p.is_shard()]
+    parts = [s[k].to_local() if hasattr(s[k], "to_local") else s[k] for s in shards]
+    full[k] = torch.cat(parts, dim=dims[0]) if dims else parts[0]
+got = AutoModelForCausalLM.from_pretrained(target, torch_dtype="auto").state_dict()
+tied = {k for k in got if k not in full}
+different = [k for k in full if not torch.equal(got[k], full[k].to(got[k].dtype))]
+print(json.dumps({"keys": len(full), "different": different, "only_merged": sorted(tied),
+                  "dtype": str(next(iter(got.values())).dtype)}))
+"""
+
+
+def test_merge_serve_check_loads_the_model_in_vllm_and_it_answers(resumed, cli, node_python):
+    job = resumed
+    ckpt = job.run_dir.parent.parent / "checkpoints" / EXPERIMENT
+    dry = cli("merge", job.job_id, "--serve-check", "--dry-run", env=job.env)
+    assert dry.returncode == 0, dry.stderr
+    assert "1 GPU(s)" in dry.stdout and "it asks for 1 GPU" in dry.stdout and f"vllm found by {node_python}" in dry.stdout
+    t0 = time.monotonic()
+    proc = cli("merge", job.job_id, "--serve-check", "--wait", "--json", env=job.env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    print(f"\nmerge --serve-check --wait: {time.monotonic() - t0:.0f} s")
+    result = json.loads(proc.stdout)
+    target = Path(result["target"])
+    assert result["step"] == STEPS and target == ckpt / f"global_step_{STEPS}" / "huggingface_merged"
+    served = json.loads((target / "verl-launch-merge.json").read_text())["serve_check"]
+    assert served["ok"] and served["engine"].startswith("vllm ") and served["chat_template"], served
+    assert served["tokens"] > 0 and served["output"] == result["serve_check"]["output"]
+    assert "served: vLLM answered" in proc.stderr
+    same = subprocess.run([str(node_python), "-c", _SAME, str(ckpt / f"global_step_{STEPS}" / "actor"), str(target)],
+                          capture_output=True, text=True, timeout=300)
+    assert same.returncode == 0, same.stderr[-3000:]
+    cmp = json.loads(same.stdout.strip().splitlines()[-1])
+    assert cmp["keys"] > 0 and cmp["different"] == [] and cmp["dtype"] == "torch.bfloat16", cmp
+    status = cli("status", job.job_id, env=job.env).stdout
+    assert f"merge      step {STEPS} -> {target}: merged" in status and "served it: 'What is 2 + 3?' -> " in status
+
+
+def test_serve_check_is_refused_when_the_interpreter_has_no_vllm(resumed, cli):
+    """The launcher's own interpreter has no vLLM: exit 2, where it looked, nothing submitted."""
+    job = resumed
+    before = set((job.run_dir / "merge").glob("*")) if (job.run_dir / "merge").exists() else set()
+    ckpt = job.run_dir.parent.parent / "checkpoints" / EXPERIMENT
+    for args in ([str(ckpt), "--serve-check"], [str(ckpt), "--serve-check", "--local"]):
+        proc = cli("merge", *args, env=job.env)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert f"{sys.executable} has no vllm module" in proc.stderr and "command line" in proc.stderr
+    assert not (ckpt / ".verl-launch-merge").exists()
+    assert (set((job.run_dir / "merge").glob("*")) if (job.run_dir / "merge").exists() else set()) == before
