@@ -13,7 +13,7 @@ after reporting (to show a failing entrypoint), ``demo.hold=S`` sleeps S seconds
 an actor that asks for N CPUs (more than a node has: work the job's watchdog must catch).
 ``demo.train_steps=N`` prints N training steps as verl's trainer and console logger do, one
 every ``demo.step_seconds`` (default 1), after ``demo.warmup`` seconds (a slow start).
-``demo.actor_dies=true`` starts an actor on the last node whose process is then killed, and
+``demo.actor_dies=true`` starts an actor on a worker node whose process is then killed, and
 does not ask it anything (a trainer waiting on a dead worker); ``demo.actor_says=TEXT``: it
 prints TEXT first (a line of the driver's log from that node, as a GPU error would be). ``demo.raise_with_env=NAME``
 raises an exception whose message holds that variable's value.
@@ -193,7 +193,9 @@ def main(argv: list) -> int:
         ray.get(TooBig.remote().ping.remote())
     if overrides.get("demo.actor_dies"):
         ray.init(address=address, logging_level="ERROR", log_to_driver=bool(overrides.get("demo.actor_says")))
-        _HELD.append(_doomed_actor(nodes[-1]["NodeID"], overrides.get("demo.actor_says")))  # held: "needed"
+        here = ray.util.get_node_ip_address()  # the head: the doomed actor goes to a worker node
+        there = [n for n in nodes if n["NodeManagerAddress"] != here] or nodes
+        _HELD.append(_doomed_actor(there[-1]["NodeID"], overrides.get("demo.actor_says")))  # held: "needed"
     time.sleep(float(overrides.get("demo.warmup", 0)))
     steps = int(overrides.get("demo.train_steps", 0))
     if steps:  # a training run's console, in verl's own words (its trainer's line, its logger)

@@ -48,7 +48,7 @@ def test_a_stall_timeout_that_is_not_positive_seconds_is_refused(cli, clean_env,
 def test_stall_timeout_reaches_the_watchdog(cli, clean_env, value, script):
     proc = cli("render", RECIPES / "sandbox-demo.yaml", f"cluster.stall_timeout={value}", env=clean_env)
     assert proc.returncode == 0, proc.stderr
-    assert f'"$LOG_DIR/lost-nodes.r$RESTART.txt" \\\n  {script} <<' in proc.stdout
+    assert f'"$LOG_DIR/lost-nodes.r$RESTART.txt" \\\n  {script} "$ENGINE_FILE" <<' in proc.stdout
 
 
 @pytest.mark.sandbox
