@@ -258,7 +258,7 @@ class Evidence:
                 self.engine = (node, said, time.monotonic())
             elif ENGINE_DEAD.search(said) and self.engine_weak is None:
                 self.engine_weak = (node if m else None, said, time.monotonic())
-            if HARDWARE.search(said) and node:
+            if HARDWARE.search(said) and node in hosts.values():  # a job node, to exclude by name
                 self.hardware = node
 
     def engine_died(self):
@@ -288,7 +288,7 @@ def judge(phase, node, why):
     why = " ".join(why.split())
     with open(reason_file, "w") as f:
         f.write(f"{phase}\t{node or '-'}\t{why}\n")
-    say(f"ERROR: {why}")
+    say(f"ERROR: {why.split('; the driver')[0]}")  # (its log lines are in the output already)
     sys.exit(4)
 
 
