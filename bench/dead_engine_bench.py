@@ -30,10 +30,14 @@ def main(argv=None) -> int:
             job, kill, seconds = kill_engine_mid_training(node_python=args.node_python, env=env, freeze_trainer=freeze,
                                                           runs=Path(tmp) / f"runs-{int(freeze)}")
             if seconds is None:
-                sys.exit(f"the engine was not killed: {kill.why_not}")
-            stopped = next((p["detail"] for p in job.phases if p["phase"] == "driver-error"), "no driver-error phase")
+                sys.exit(f"the engine was not killed: {kill.why_not or 'the job ended first'} (rc {job.returncode})"
+                         f"\n{job.out[-3000:]}{job.err[-3000:]}")
+            names = [p["phase"] for p in job.phases]
+            by = "no driver-error phase" if "driver-error" not in names else \
+                "the watchdog's verdict" if "driver-end" not in names or names.index("driver-error") < \
+                names.index("driver-end") else "verl failed of it"
             print(f"trainer {'frozen' if freeze else 'as is'}: killed EngineCore pid {kill.pid} on node2; job "
-                  f"{job.job_id} ended rc {job.returncode} {seconds:.1f} s later: {stopped[:160]}", flush=True)
+                  f"{job.job_id} ended rc {job.returncode} {seconds:.1f} s later ({by})", flush=True)
     return 0
 
 

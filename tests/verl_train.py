@@ -304,9 +304,10 @@ def kill_engine_mid_training(*, node_python, runs: Path, env: dict, freeze_train
 
 
 def job_env(base: dict, *, wandb_key: str, smoke, tmp) -> dict:
-    """What a training job is submitted with: BASE without the developer's W&B or Slurm settings,
-    the stand-in's key, the smoke assets, and a launcher state and HOME of its own under TMP."""
-    env = {k: v for k, v in base.items() if not k.startswith(("WANDB_", "SLURM_"))}
+    """What a training job is submitted with: BASE without the developer's W&B settings or a
+    Slurm job's (SLURM_CONF, which Slurm it is, stays), the stand-in's key, the smoke assets, and
+    a launcher state and HOME of its own under TMP."""
+    env = {k: v for k, v in base.items() if not k.startswith(("WANDB_", "SLURM_")) or k == "SLURM_CONF"}
     return dict(env, WANDB_API_KEY=wandb_key, HOME=f"{tmp}/home", RAY_AUTH_MODE="disabled",
                 VERL_SMOKE_DIR=str(smoke), VERL_LAUNCH_STATE=f"{tmp}/state")
 
