@@ -397,7 +397,9 @@ while True:
         judge("driver-error", evidence.hardware, f"vLLM EngineCore on {node or 'a node'} died ({said}); "
                                                 f"the driver's last errors: {evidence.last_errors()}")
     for a in actors:
-        if a["state"] == "DEAD" and a["reason"] in ("WORKER_DIED", "OUT_OF_MEMORY"):
+        # (an actor that ended itself, exit_actor(), is WORKER_DIED too: "exit type: INTENDED_...")
+        if a["state"] == "DEAD" and a["reason"] in ("WORKER_DIED", "OUT_OF_MEMORY") \
+                and "INTENDED_" not in (a["death"] or ""):
             if now - died_at.setdefault(a["id"], now) >= EVIDENCE_GRACE:
                 judge("driver-error", evidence.hardware,
                       f"Ray actor {a['class']} on {a['host'] or 'a node'} died ({a['reason']}: {a['death']}); "
