@@ -143,7 +143,8 @@ def training():
                 found = re.findall(rb"Total training steps: (\d+)", head)
                 total_steps = int(found[-1]) if found else None
             f.seek(max(0, size - 65536))
-            lines = re.findall(rb"\bstep:(\d+)\b([^\n]*)", f.read())
+            # "step:N - key:value - ...", not "timing_s/step:2.4" (Ray may split a long line there)
+            lines = re.findall(rb"(?<![\w/])step:(\d+) - ([^\n]*)", f.read())
     except OSError:
         return None, total_steps, None, evidence.resumed
     if not lines:

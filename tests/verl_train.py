@@ -53,9 +53,19 @@ def _number(text: str):
 def parse_steps(log: str) -> Dict[int, Dict[str, object]]:
     """verl's console logger lines, by step: {step: {metric: value}} (the last line of a step wins)."""
     steps = {}
-    for m in re.finditer(r"\bstep:(\d+) - (.*)$", plain(log), re.M):
+    lines = plain(log).splitlines()
+    for i, line in enumerate(lines):
+        m = re.search(r"(?<![\w/])step:(\d+) - (.*)$", line)
+        if not m:
+            continue
+        body = m.group(2)
+        # Ray's log streaming may cut a long line: the rest follows without Ray's "(Actor pid=N)"
+        for rest in lines[i + 1:]:
+            if rest.startswith("(") or " - " not in rest or not re.match(r"^[\w/.\-]*:", rest):
+                break
+            body += rest
         metrics = {}
-        for part in m.group(2).split(" - "):
+        for part in body.split(" - "):
             key, sep, value = part.partition(":")
             if sep:
                 metrics[key.strip()] = _number(value)
