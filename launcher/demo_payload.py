@@ -16,7 +16,9 @@ every ``demo.step_seconds`` (default 1), after ``demo.warmup`` seconds (a slow s
 ``demo.actor_dies=true`` starts an actor on a worker node whose process is then killed, and
 does not ask it anything (a trainer waiting on a dead worker); ``demo.actor_says=TEXT``: it
 prints TEXT first (a line of the driver's log from that node, as a GPU error would be). ``demo.raise_with_env=NAME``
-raises an exception whose message holds that variable's value.
+raises an exception whose message holds that variable's value. ``demo.lingers=true`` leaves a
+process on every node that ignores SIGTERM and outlives its Ray worker (as a compile worker or
+an engine's child can): the job's teardown must still leave nothing.
 """
 
 from __future__ import annotations
@@ -144,6 +146,18 @@ def main(argv: list) -> int:
     on_gpus = sorted(ray.get([on_gpu.remote() for _ in range(gpus)]), key=lambda t: t[:2])
     gpu_tasks = [t[:2] for t in on_gpus]
     traced = trace_on_every_node(ray, nodes, as_config(overrides)) if overrides.get("demo.trace") else None
+    if overrides.get("demo.lingers"):
+        @ray.remote(num_cpus=0)
+        def linger():
+            import subprocess
+            # an orphan at once (its parent exits): Ray's own reaping of a worker's children misses it
+            code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
+            spawn = f"import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', {code!r}], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)"
+            return int(subprocess.run([sys.executable, "-c", spawn], capture_output=True, text=True, check=True).stdout)
+
+        lingering = ray.get([linger.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False))
+                             .remote() for n in nodes])
+        print(f"left lingering processes {lingering} (demo.lingers)", flush=True)
     report = {
         "traced": traced,
         "ray_address": address,

@@ -103,6 +103,18 @@ def test_scancel_mid_run_leaves_no_ray_process(cli, sandbox, clean_env, tmp_path
     assert sandbox.wait(info["job_id"], timeout=30) == "CANCELLED"
 
 
+def test_what_outlives_ray_on_a_node_is_killed_before_the_job_ends(cli, sandbox, clean_env, tmp_path):
+    """A process a Ray worker started, that ignores SIGTERM and outlives the raylet, escapes
+    Slurm's process tracking here (proctrack/linuxproc): the node's Ray step kills it."""
+    info = submit(cli, sandbox, clean_env, tmp_path, "cluster.nodes=2", "verl.overrides.demo.lingers=true")
+    assert sandbox.wait(info["job_id"]) == "COMPLETED"
+    assert job_processes(info["job_id"]) == []  # checked at once: the job's end is the promise
+    logs = Path(info["logs"])
+    for log in ("ray-head.r0.log", "ray-worker-node2.r0.log"):
+        assert "killing what Ray left on node" in (logs / log).read_text(), log
+    assert "left lingering processes" in Path(info["stdout"]).read_text()
+
+
 def test_failing_driver_keeps_logs_per_node(cli, sandbox, clean_env, tmp_path):
     info = submit(cli, sandbox, clean_env, tmp_path, "verl.overrides.demo.exit_code=5")
     assert sandbox.wait(info["job_id"]) == "FAILED"
