@@ -60,11 +60,14 @@ def spec(r: Recipe, v: Dict[str, Any], ckpt: Optional[str]) -> Dict[str, Any]:
         "gpus": r.cluster.gpus_per_node if c.gpus and vendor["var"] and r.cluster.gpus_per_node else None,
         "gpu_var": vendor["var"],
         "gpu_tool": vendor["tool"],
+        # not for the launcher's own stand-in driver (the sandbox demo), which runs no verl
+        "verl_version": (r.verl.version if c.verl_version and r.verl.version
+                         and r.verl.entrypoint.split(".")[0] != "launcher" else None),
     }
 
 
 def needed(s: Dict[str, Any]) -> bool:
-    return bool(s["inputs"] or s["shared"] or s["min_free_gb"] or s["gpus"] is not None)
+    return bool(s["inputs"] or s["shared"] or s["min_free_gb"] or s["gpus"] is not None or s["verl_version"])
 
 
 def keep_checkpoints(v: Dict[str, Any]) -> int:

@@ -123,6 +123,7 @@ class NodeChecks:
     shared_storage: bool = True  # run and checkpoint dirs: writable, the same storage on every node
     gpus: bool = True  # every node sees cluster.gpus_per_node GPUs
     min_free_gb: float = 10  # free disk where checkpoints go (0: no check)
+    verl_version: bool = True  # the nodes' verl (in the container, if any) is verl.version
 
 
 @dataclass

@@ -2,13 +2,17 @@
 # Rendered verbatim into the job script; runs on every node in one srun step, stdlib only.
 # argv: SPEC_JSON RUN_DIR TOKEN_NAME TOKEN, where SPEC is
 #   {"inputs": [[key, path], ...], "checkpoints": dir or null, "gpus": n or null,
-#    "gpu_var": "CUDA_VISIBLE_DEVICES", "gpu_tool": "nvidia-smi" or null, "min_free_gb": x}
+#    "gpu_var": "CUDA_VISIBLE_DEVICES", "gpu_tool": "nvidia-smi" or null, "min_free_gb": x,
+#    "verl_version": "0.9.1" or null}
 # The batch shell wrote TOKEN into TOKEN_NAME in the run dir and the checkpoint dir on the head
 # node: a node that cannot read it there is not on the same storage. Prints one line per
 # problem ("@problem node: field: path: what") and exits 1 if there is any; a check still
 # blocked after TIME_LIMIT seconds (a hung mount) is a problem too.
+import importlib.metadata
+import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -109,6 +113,39 @@ def free_disk(ckpt):
         problem("node_checks.min_free_gb", where, f"cannot read its free space ({e.strerror})")
 
 
+def release(version):
+    """The leading numbers of a version: "0.9.1.dev0+cu12" -> [0, 9, 1]."""
+    m = re.match(r"\d+(\.\d+)*", version or "")
+    return [int(x) for x in m.group(0).split(".")] if m else []
+
+
+def check_verl(want):
+    """The verl this node's Python finds (its version file, without importing it: verl's import
+    takes torch) is the recipe's verl.version ("0.9" matches any 0.9.x)."""
+    doing[:] = ["verl.version", sys.executable]
+    have = None
+    found = importlib.util.find_spec("verl")
+    if found and found.submodule_search_locations:
+        try:
+            with open(os.path.join(list(found.submodule_search_locations)[0], "version", "version")) as f:
+                have = f.read().strip()
+        except OSError:
+            pass
+    if found and have is None:
+        try:
+            have = importlib.metadata.version("verl")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    if not found:
+        problem("verl.version", sys.executable, f"no verl installed for this Python (the recipe runs verl {want})")
+    elif have is None:
+        problem("verl.version", found.origin or sys.executable, f"cannot tell this verl's version (the recipe runs verl {want})")
+    elif release(have)[:len(release(want))] != release(want):
+        problem("verl.version", found.origin or sys.executable,
+                f"this node's verl is {have}, the recipe runs verl {want} (verl.version; "
+                "its checks and derived settings follow that version)")
+
+
 def check_all():
     for field, path in spec["inputs"]:
         readable(field, path)
@@ -121,6 +158,8 @@ def check_all():
         free_disk(ckpt)
     if spec.get("gpus"):
         check_gpus(spec["gpus"])
+    if spec.get("verl_version"):
+        check_verl(spec["verl_version"])
 
 
 # In a thread, so that a call a hung mount never returns from cannot hold the job: say which.

@@ -16,7 +16,7 @@ from conftest import ROOT
 SCRIPT = ROOT / "templates" / "check_node.py"
 
 
-def check(tmp_path, spec: dict, env: dict, lists: int = None) -> list:
+def check(tmp_path, spec: dict, env: dict, lists: int = None, python=(sys.executable,)) -> list:
     """Run it as the job does; `lists` GPUs from a stand-in nvidia-smi (None: none on PATH)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
@@ -31,7 +31,7 @@ def check(tmp_path, spec: dict, env: dict, lists: int = None) -> list:
     full = {"inputs": [], "shared": True, "checkpoints": None, "min_free_gb": 0, "gpus": None,
             "gpu_var": "CUDA_VISIBLE_DEVICES", "gpu_tool": "nvidia-smi", **spec}
     base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), json.dumps(full), str(run_dir), ".token", "t-1"],
+    proc = subprocess.run([*python, str(SCRIPT), json.dumps(full), str(run_dir), ".token", "t-1"],
                           env={**base, "PATH": f"{bin_dir}:/usr/bin:/bin", "SLURMD_NODENAME": "nodeX", **env},
                           capture_output=True, text=True, timeout=60)
     lines = proc.stdout.splitlines()
@@ -92,3 +92,31 @@ def test_a_check_that_never_returns_is_named_and_does_not_hold_the_job(tmp_path)
     assert proc.returncode == 1
     assert proc.stdout.splitlines() == [f"@problem {os.uname().nodename}: data.train_files: {fifo}: "
                                         "did not answer within 2 s (a hung mount?)"]
+
+
+def _verl_at(root, version) -> str:
+    """A verl package that is only its version file (what the check reads, without importing)."""
+    (root / "verl" / "version").mkdir(parents=True)
+    (root / "verl" / "__init__.py").write_text("raise SystemExit('the check must not import verl')\n")
+    if version is not None:
+        (root / "verl" / "version" / "version").write_text(version + "\n")
+    return str(root)
+
+
+@pytest.mark.parametrize("want, have, expect", [
+    ("0.9.1", "0.9.1", None),
+    ("0.9", "0.9.1", None),  # a minor version matches its patches
+    ("0.9.1", "0.9.1.dev0", None),
+    ("0.9.1", "0.8.5", "this node's verl is 0.8.5, the recipe runs verl 0.9.1"),
+    ("0.9.1", "0.9.10", "this node's verl is 0.9.10, the recipe runs verl 0.9.1"),
+    ("0.9.1", "", "cannot tell this verl's version (the recipe runs verl 0.9.1)"),
+    ("0.9.1", None, "no verl installed for this Python (the recipe runs verl 0.9.1)"),
+])
+def test_the_nodes_verl_is_the_recipes(tmp_path, want, have, expect):
+    site = _verl_at(tmp_path / "site", have or None) if have is not None else ""
+    # -S: without site-packages (this venv has a verl of its own); PYTHONPATH still counts
+    got = check(tmp_path, {"shared": False, "verl_version": want}, {"PYTHONPATH": site}, python=(sys.executable, "-S"))
+    if expect is None:
+        assert got == [], got
+    else:
+        assert len(got) == 1 and got[0].startswith("nodeX: verl.version: ") and expect in got[0], got

@@ -97,3 +97,25 @@ def test_a_node_whose_setup_fails_is_named(cli, sandbox, clean_env, tmp_path):
     why = _refused(info)
     assert why.startswith("allocation check: node3: runtime.setup or the check: Exited with exit code 7"), why
     assert "no venv here" in info["out"]
+
+
+def test_a_verl_on_the_nodes_other_than_the_recipes_fails_the_job_naming_both(cli, sandbox, clean_env, tmp_path):
+    """What the nodes' Python finds as verl (in the container, when there is one) against the
+    recipe's verl.version: here a verl 0.8.5 first on the nodes' PYTHONPATH (runtime.setup: the
+    nodes' only; the launcher's preflight sees this venv's verl 0.9.1)."""
+    site = tmp_path / "site"
+    (site / "verl" / "version").mkdir(parents=True)
+    (site / "verl" / "__init__.py").write_text("")
+    (site / "verl" / "version" / "version").write_text("0.8.5\n")
+    env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
+    info = submit_json(cli("submit", RECIPES / "sandbox-verl.yaml", f"runtime.python={sys.executable}",
+                           f"paths.runs={tmp_path / 'runs'}", "node_checks.inputs=false",
+                           f"runtime.setup=['export PYTHONPATH={site}']", "--json", env=env))
+    info["state"] = sandbox.wait(info["job_id"], timeout=180)
+    info["phases"] = [json.loads(x) for x in Path(info["run_dir"], "phases.jsonl").read_text().splitlines()]
+    info["out"] = Path(info["stdout"]).read_text()
+    info["status"] = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
+    why = _refused(info)
+    for node in ("node1", "node2"):
+        assert f"{node}: verl.version: {site}/verl/__init__.py: this node's verl is 0.8.5, the recipe runs verl 0.9.1" in why, why
+    assert "; node2: " in why  # one problem after another, readably
