@@ -63,11 +63,13 @@ demo: system-deps install
 	out=$$($(VENV)/bin/verl-launch submit recipes/sandbox-demo.yaml runtime.python=$(abspath $(PY)) --wait --json); \
 	rc=$$?; job=$$(printf '%s' "$$out" | $(PY) -c 'import json, sys; print(json.load(sys.stdin)["job_id"])' 2>/dev/null) && \
 	echo "--- the payload's report (verl-launch logs $$job --driver):" && $(VENV)/bin/verl-launch logs "$$job" --driver; \
+	echo "--- the sandbox is still up; to use the CLI against it (README, \"Using the CLI against the sandbox\"):"; \
+	echo "    export SLURM_CONF=$$SLURM_CONF; $(VENV)/bin/verl-launch list"; \
 	exit $$rc
 
 # verl's own trainer on the sandbox: async-rollout GRPO with vLLM's CPU build on 2 nodes, Weave
 # traces to a loopback W&B stand-in, then a short report. Test-only node environment and CPU
-# platform: see README, "verl's own trainer on the sandbox".
+# platform: see docs/internals.md, "verl's own trainer on the sandbox".
 SMOKE ?= /tmp/verl-launch-smoke
 demo-verl: system-deps install node-env
 	@test -f $(SMOKE)/reward.py || $(PY) -m launcher.smoke_assets --out $(SMOKE) >/dev/null
