@@ -9,7 +9,8 @@ What is refused, each naming the key and where it was set:
   reads from a section's dataclass but its YAML lacks (`rollout.enable_sleep_mode`) without `+`;
 - a new key under a free-form section (override_config, engine_kwargs, ...) without `+`
   (Hydra refuses that too); with `+` it is fine: verl hands those on unread;
-- a value of the wrong type (a number for a count, true/false for a switch), or a value
+- a value of the wrong type (text for a number, a fraction for a count: 2.5 epochs, true/false
+  for a switch; see FRACTIONAL_OK for the int-defaulted keys verl takes as any number), or a value
   verl does not know for a key with a fixed set (advantage estimators, rollout engines...).
 `verl.extra_keys` lists keys (or sections) this check leaves alone: a verl fork's own.
 """
@@ -74,19 +75,36 @@ def _interpolated(value: Any) -> bool:
     return isinstance(value, str) and "${" in value
 
 
-def _type_error(spec: dict, value: Any) -> Optional[str]:
+# Keys whose type the snapshot guessed from an int default ("from": "default") but that verl
+# takes as any number (read off verl 0.9.1's source): seconds handed to timedelta / ray.get /
+# should_save_ckpt_esi (float), `num_warmup_batches: int | float` (trainer_base.py), LoRA's
+# alpha (a scale) and FSDP's wrap_policy.min_num_params (compared with a parameter count;
+# 1e8 is a float on Hydra's command line). Matched by the key's last part. Every other
+# int-typed key is a count, a size, a step or an index: verl slices, ranges or divides by it
+# (range(total_epochs), `% save_freq`, batch sizes, DataLoader workers), so 2.5 fails late.
+FRACTIONAL_OK = frozenset({"nccl_timeout", "esi_redundant_time", "ray_wait_register_center_timeout",
+                           "num_warmup_batches", "alpha", "min_num_params"})
+
+
+def whole_number_key(key: str, spec: dict) -> bool:
+    """KEY (SPEC) holds a whole number in verl: int-typed, and not one verl takes as a fraction."""
+    return spec["type"] == "int" and (spec.get("from") == "annotation"
+                                      or key.rpartition(".")[2] not in FRACTIONAL_OK)
+
+
+def _type_error(spec: dict, value: Any, key: str = "") -> Optional[str]:
     """Why VALUE cannot be KEY's (SPEC's) value, or None. Lenient where verl is: null is
-    always let through (verl's own checks decide), and a type guessed from a default takes
-    any number for a number."""
+    always let through (verl's own checks decide; -1 sentinels are whole numbers), and a few
+    int-defaulted keys verl takes as any number (FRACTIONAL_OK) take a float."""
     if value is None or _interpolated(value):
         return None
-    kind, declared = spec["type"], spec.get("from") == "annotation"
+    kind = spec["type"]
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == "bool" and not isinstance(value, bool):
         return f"must be true or false, got {value!r}"
     if kind in ("int", "float") and not number:
         return f"must be a number, got {value!r}"
-    if kind == "int" and declared and isinstance(value, float):
+    if kind == "int" and isinstance(value, float) and whole_number_key(key, spec):
         return f"must be a whole number, got {value!r}"
     if kind == "str" and isinstance(value, (dict, list)):
         return f"must be a single value, got {value!r}"
@@ -126,7 +144,7 @@ def problem(schema: Schema, key: str, value: Any) -> Optional[str]:
         elif add and not key.startswith("++"):
             return (f"is already a key of verl {schema.version}'s config: drop the '+' "
                     "(Hydra refuses '+' for a key that exists)")
-        return _type_error(spec, value) or _enum_error(schema, plain, value)
+        return _type_error(spec, value, plain) or _enum_error(schema, plain, value)
     if plain in schema.sections:
         if isinstance(value, dict) or value is None or schema.sections[plain]["open"]:
             return None
