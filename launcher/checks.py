@@ -31,6 +31,17 @@ def is_verl(r: Recipe) -> bool:
     return r.verl.entrypoint.split(".")[0] == "verl"
 
 
+def is_launcher_stand_in(r: Recipe) -> bool:
+    """The entrypoint is one of the launcher's own stand-ins (launcher.demo_payload): no verl."""
+    return r.verl.entrypoint.split(".")[0] == "launcher"
+
+
+def verl_keys_warning(e: RecipeError, entrypoint: str) -> str:
+    """The line a verl-key problem gets as a warning, for an entrypoint that is not verl's own."""
+    return (f"warning: {e} (not refused: the entrypoint {entrypoint} is not verl's own and may read "
+            "keys of its own; if it does, list them in verl.extra_keys)")
+
+
 def whole(x: Any) -> bool:
     """A whole number as YAML or Hydra gives one (a bool is not)."""
     return isinstance(x, int) and not isinstance(x, bool)
@@ -79,9 +90,12 @@ def check_capacity(r: Recipe, resolved: Optional[Dict[str, Any]] = None, blame=l
     return need
 
 
-def check(r: Recipe, blame=lambda key: "recipe") -> str:
+def check(r: Recipe, blame=lambda key: "recipe", warn=None) -> str:
     """Raise RecipeError, naming the field, for the first trap found; return a line on how
-    verl's keys were checked."""
+    verl's keys were checked. An entrypoint that is neither verl's own nor the launcher's
+    stand-in (a verl recipe module, recipe.dapo.main_dapo) builds on verl's config with keys of
+    its own: its verl keys are checked, but each problem goes to WARN (a callable taking the
+    RecipeError; None: not reported) instead of being refused."""
     v = verl_settings(r, blame)
 
     def bad(key: str, message: str) -> None:
@@ -108,12 +122,18 @@ def check(r: Recipe, blame=lambda key: "recipe") -> str:
             bad(f"verl.overrides.{CKPT_DIR}", "cluster.requeue resumes from checkpoints: set it to an "
                 "absolute directory on shared storage, so the restarted job finds them")
         freq = v.get("trainer.save_freq")
-        if not whole(freq) or freq <= 0:
+        if freq is not None and not whole(freq):
+            bad("verl.overrides.trainer.save_freq", f"must be a whole number of steps, got {freq!r}")
+        if freq is None or freq <= 0:
             bad("verl.overrides.trainer.save_freq", "cluster.requeue resumes from checkpoints: set it to "
-                "a positive number of steps (verl's default -1 saves none)")
+                "a positive whole number of steps (verl's default -1 saves none)")
 
+    if is_launcher_stand_in(r):
+        return f"not checked: entrypoint {r.verl.entrypoint} is the launcher's own stand-in, not a verl trainer"
     if not is_verl(r):
-        return f"not checked: entrypoint {r.verl.entrypoint} is not verl's"
+        line = verl_schema.check(flatten(r.verl.overrides, blame), r.verl.version, r.verl.extra_keys, blame,
+                                 warn=warn or (lambda e: None))
+        return f"entrypoint {r.verl.entrypoint} is not verl's own: {line}"
     keys = verl_schema.check(flatten(r.verl.overrides, blame), r.verl.version, r.verl.extra_keys, blame)
     if r.cluster.gpus_per_node < 1:
         bad("cluster.gpus_per_node", "verl's trainer needs at least one GPU per node (it divides by it)")

@@ -92,7 +92,8 @@ class _Ask:
 def _ask(r: Recipe, environ: Mapping[str, str]):
     """What verl would be asked for ``r`` (a Preflight when it cannot or need not be asked)."""
     if not is_verl(r):
-        return Preflight("skipped", f"entrypoint {r.verl.entrypoint} is not verl's: verl's own checks skipped")
+        return Preflight("skipped", f"entrypoint {r.verl.entrypoint} is not verl's own (verl.*): verl's own "
+                                    "checks run only for those")
     python = shutil.which(r.runtime.python, path=environ.get("PATH"))
     if python is None:
         return Preflight("unavailable", f"{r.runtime.python} (runtime.python) is not on this machine's PATH: "

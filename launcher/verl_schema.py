@@ -156,18 +156,41 @@ def problem(schema: Schema, key: str, value: Any) -> Optional[str]:
     return f"is not a key of verl {schema.version}'s config ({why}){_suggest(schema, plain) or OWN}"
 
 
-def check(flat: Dict[str, Any], version: Optional[str], extra_keys=(), blame=lambda key: "recipe") -> str:
+def top_sections(schema: Schema) -> set:
+    """The top-level names of verl's config (actor_rollout_ref, data, trainer, algorithm, ...)."""
+    return {k.split(".")[0] for k in (*schema.keys, *schema.sections)}
+
+
+def check(flat: Dict[str, Any], version: Optional[str], extra_keys=(), blame=lambda key: "recipe",
+          warn=None) -> str:
     """Refuse (RecipeError) the first bad verl override in FLAT (key as written -> value);
-    return one line on what they were checked against."""
+    return one line on what they were checked against.
+
+    WARN (a callable taking the RecipeError): a trainer of its own built on verl's config (a
+    verl recipe module such as recipe.dapo.main_dapo composes verl's ppo_trainer config and adds
+    keys of its own): each problem is handed to WARN instead of refused, and only keys under
+    verl's own top-level sections are looked at (the rest are the trainer's own)."""
     schema, note = snapshot_for(version)
     if schema is None:
         return note
     extra = tuple(k.lstrip("+") for k in extra_keys)
+    tops = top_sections(schema) if warn is not None else None
+    warned = 0
     for key, value in flat.items():
         plain = key.lstrip("+")
         if any(plain == e or plain.startswith(e + ".") for e in extra):
             continue
+        if tops is not None and plain.split(".")[0] not in tops:
+            continue
         why = problem(schema, key, value)
         if why:
-            raise RecipeError(why, where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}")
+            error = RecipeError(why, where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}")
+            if warn is None:
+                raise error
+            warn(error)
+            warned += 1
+    if warn is not None:
+        return (f"checked as warnings only, against a snapshot of verl {schema.version}'s config{note}: "
+                f"{warned} warning(s){' (on stderr)' if warned else ''}; keys outside verl's sections are the "
+                "trainer's own, not checked")
     return f"checked against a snapshot of verl {schema.version}'s config{note}"
