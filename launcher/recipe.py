@@ -9,8 +9,10 @@ package's ``recipes/``), and command-line overrides use Hydra's grammar.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
+import sys
 import typing
 import warnings
 from dataclasses import dataclass
@@ -21,7 +23,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .checks import check, validate
+from .checks import check, validate, verl_keys_warning
 from .errors import RecipeError
 from .overrides import apply_cli, flatten, hydra_value, verl_args
 from .plan import Plan, resolve as resolve_plan
@@ -38,6 +40,9 @@ class Loaded:
     blame: Any = None  # dotted key -> where it was set (the recipe file or the command line)
     verl_keys: str = ""  # how verl's keys were checked (against which snapshot of its config)
     plan: Optional[Plan] = None  # everything the job needs, worked out once (plan.py)
+    # What is worth saying but not refusing (a verl-key problem for an entrypoint that is not
+    # verl's own): each line is also written to stderr, once per process.
+    warnings: List[str] = dataclasses.field(default_factory=list)
 
 
 _VERL_PREFIX = "verl.overrides."
@@ -52,7 +57,7 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     where = str(path)
     path = Path(path)
     if not path.is_file():
-        raise RecipeError("recipe file not found", where=where)
+        raise RecipeError(f"recipe file not found{_near_recipes(path)}", where=where)
     path = path.resolve()  # a link: its profiles (cluster/...) and files are beside the file itself
     if path.suffix != ".yaml":
         raise RecipeError("a recipe must be a .yaml file (Hydra composes only .yaml)", where=where)
@@ -109,8 +114,23 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
                                       [ov.replace(_VERL_PREFIX, "", 1) for ov in verl_ovs], resolve)
     validate(recipe, blame)
     args = verl_args(recipe, blame)  # a contradicting override is an error of the recipe
-    keys = check(recipe, blame)
-    return Loaded(recipe=recipe, config=merged, blame=blame, verl_keys=keys, plan=resolve_plan(recipe, blame, args))
+    found: List[RecipeError] = []
+    keys = check(recipe, blame, warn=found.append)
+    said = [verl_keys_warning(e, recipe.verl.entrypoint) for e in found]
+    _say(said)
+    return Loaded(recipe=recipe, config=merged, blame=blame, verl_keys=keys, plan=resolve_plan(recipe, blame, args),
+                  warnings=said)
+
+
+_SAID: set = set()
+
+
+def _say(lines: List[str]) -> None:
+    """Warnings on stderr, each once per process (--local and sweeps load a recipe more than once)."""
+    for line in lines:
+        if line not in _SAID:
+            _SAID.add(line)
+            print(line, file=sys.stderr)
 
 
 def _shape(plain: dict, cls: type, blame, prefix: str = "") -> None:
@@ -266,6 +286,47 @@ def _blamer(recipe_file: str, overrides: List[str], groups: set = frozenset()):
 def _omegaconf_message(e: OmegaConfBaseException) -> str:
     msg = str(e).split("\n")[0]
     if "not in" in msg or "Key '" in msg and "not" in msg:
-        return f"unknown key ({msg})"
+        return f"unknown key ({msg}){did_you_mean(e.full_key)}"
+    m = re.match(r"Value '(.*)' of type '(\w+)' could not be converted to Integer", msg)
+    if m:  # cluster.nodes=2.5: a count the schema holds as an int
+        return f"must be a whole number, got {m.group(1) if m.group(2) in ('float', 'int') else repr(m.group(1))}"
     return msg
 
+
+def did_you_mean(key: Optional[str], cls: type = Recipe) -> str:
+    """': did you mean cluster.nodes?' for a misspelt launcher key (cluster.node), else ''."""
+    if not key:
+        return ""
+    *parents, last = key.split(".")
+    for p in parents:  # down the schema to the section the key is in
+        kind = typing.get_type_hints(cls).get(p) if dataclasses.is_dataclass(cls) else None
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+            return ""
+        cls = kind
+    names = [f.name for f in dataclasses.fields(cls)]
+    near = difflib.get_close_matches(last, names, n=3, cutoff=0.6)
+    prefix = ".".join(parents) + "." if parents else ""
+    return f": did you mean {' or '.join(prefix + n for n in near)}?" if near else ""
+
+
+def _near_recipes(path: Path) -> str:
+    """': did you mean recipes/gsm8k-grpo.yaml?' for a recipe file name that does not exist:
+    the nearest .yaml names beside it, else among the shipped recipes."""
+    for folder in (path.parent, shipped_recipes_dir()):
+        try:
+            names = sorted(p.name for p in folder.iterdir() if p.suffix == ".yaml" and p.is_file())
+        except OSError:
+            continue
+        near = [path.name] if path.name in names else difflib.get_close_matches(path.name, names, n=2, cutoff=0.75)
+        if near:
+            shown = [path.with_name(n) if folder == path.parent else _shown(folder / n) for n in near]
+            return f": did you mean {' or '.join(map(str, shown))}?"
+    return ""
+
+
+def _shown(p: Path) -> str:
+    """P relative to the working directory where it is under it (recipes/x.yaml), else absolute."""
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
