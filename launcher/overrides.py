@@ -107,9 +107,11 @@ def verl_args(r: Recipe, blame=lambda key: "recipe") -> List[str]:
         if plain in der:
             want, field, *why = der[plain]
             if text != hydra_value(want):
+                fixed = field.startswith("(")  # no recipe field chooses it: "(always async)"
                 raise RecipeError(
-                    f"contradicts the launcher's derived value {hydra_value(want)} "
-                    f"(from {field}{': ' + why[0] if why else ''}); set {field} instead",
+                    f"contradicts the launcher's derived value {hydra_value(want)} {field}" if fixed else
+                    f"contradicts the launcher's derived value {hydra_value(want)}, set from {field}: "
+                    + (why[0] if why else f"set {field} instead"),
                     where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}")
             continue  # same value: the derived one is emitted below
         args.append(f"{key}={text}")

@@ -24,13 +24,26 @@ class Rule:
     value: Any
     when: Callable[[Any], bool]  # on the Recipe
     field: str  # the recipe field a user changes instead
-    why: str
+    why: str  # in plain words: what the rule chooses, why, and how to choose otherwise
+    label: str = ""  # what the rule chooses, one word (check's report: `trainer     ...`)
+    text: str = ""  # the whole report line after the label, in plain words (default: key=value: why)
+
+    @property
+    def line(self) -> str:
+        """The rule as check reports it: '<label>  <text>' (label padded to the report's column)."""
+        return f"{self.label or 'verl rule':<11} {self.text or f'{self.key}={self.value!r}: {self.why}'}"
 
 
 RULES: List[Rule] = [
+    # verl's source: trainer/ppo/v1/agent_loop_tq.py sets trace_this_sample = False, so the V1
+    # trainer writes no rollout traces whatever the trace backend.
     Rule((0, 9), None, "trainer.use_v1", False, lambda r: r.trace.backend != "none",
-         "trace.backend", "verl 0.9's default V1 trainer never traces rollouts (trainer/ppo/v1/agent_loop_tq.py sets "
-         "trace_this_sample = False); the legacy trainer does"),
+         "trace.backend",
+         "verl's legacy trainer records rollout traces, which verl 0.9's default V1 trainer does not "
+         "(verl sets trace_this_sample = False in it); set trace.backend=none to use the V1 trainer",
+         label="trainer",
+         text="verl's legacy trainer (trainer.use_v1=false): it records rollout traces, which verl 0.9's "
+              "default V1 trainer does not; set trace.backend=none to use the V1 trainer"),
 ]
 
 
