@@ -36,8 +36,18 @@ def _positive(text: str) -> int:
     return n
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, saying what to type where a recipe command got no recipe (not argparse's
+    `the following arguments are required: RECIPE, OVERRIDE`). Exit 2, as any usage error."""
+
+    def error(self, message: str):
+        if "required: RECIPE" in message and self.prog.split()[-1] in RECIPE_COMMANDS:
+            message = f"give a recipe file, e.g. {self.prog} recipes/sandbox-demo.yaml"
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="verl-launch",
         description="Render, check and submit VERL runs (Ray + Weave tracing) to Slurm, one run or a "
                     "sweep (-m, one job array); follow them: list, status, logs, cancel; and merge a run's "
