@@ -24,18 +24,27 @@ from .errors import RecipeError, SlurmError
 
 
 def prepare(recipe, overrides: List[str] = (), local: bool = False, check: bool = True,
-            environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None):
+            environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None, start: str = "auto"):
     """Everything `submit` does before it writes anything: load and check the recipe, the W&B
-    key and secrets, verl's own checks (reported on OUT); returns (loaded, request), the request
-    being the dry-run (its str is the exact command, its script the exact text)."""
+    key and secrets, verl's own checks (reported on OUT), START (prior.STARTS: "fresh" refuses
+    an experiment that has checkpoints or an earlier W&B run, "resume" one with nothing to
+    resume from); returns (loaded, request), the request being the dry-run (its str is the
+    exact command, its script the exact text)."""
+    from . import prior
     from .secrets import require
     from .slurm import plan
 
+    if start not in prior.STARTS:
+        raise ValueError(f"start must be one of {prior.STARTS}, not {start!r}")
     environ = os.environ if environ is None else environ
     loaded = load(recipe, overrides, local, environ, notes=out)
     require(loaded.recipe, environ)
     if check:
         preflight(loaded, environ, out if out is not None else io.StringIO())  # no reader: the report is dropped
+    had = prior.find(loaded.plan)
+    prior.enforce(had, start, str(loaded.recipe.source))
+    if out is not None and had.something():
+        print(f"start       {had.describe()}", file=out)
     return loaded, plan(loaded)
 
 
@@ -143,11 +152,13 @@ class Run:
 
 
 def submit(recipe, overrides: List[str] = (), local: bool = False, check: bool = True,
-           environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None) -> Run:
+           environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None, start: str = "auto") -> Run:
     """`verl-launch submit`: check, write the run directory and sbatch it (LOCAL: run it here,
-    to the end). Returns the Run."""
+    to the end). START: "auto" (verl's trainer.resume_mode decides), "fresh" or "resume" (as
+    --fresh/--resume: refused, RecipeError, where the experiment's past says otherwise).
+    Returns the Run."""
     environ = os.environ if environ is None else environ
-    loaded, req = prepare(recipe, overrides, local, check, environ, out)
+    loaded, req = prepare(recipe, overrides, local, check, environ, out, start)
     if local:
         from . import local as local_mode
 

@@ -1,0 +1,123 @@
+"""What a cluster user weighs before queueing, for `check`: where the job goes (partition,
+account, QOS), its size and time limit, the GPU-hours it may spend (restarts included), the
+image or interpreter the nodes run, what it starts from (launcher.prior), and, where Slurm
+answers, the partition's size and when the job would start (`sbatch --test-only`). It warns,
+never refuses: `check`'s verdict stays submit's. Slurm is asked through launcher.slurm only."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import List, Optional, Tuple
+
+from .errors import SlurmError
+
+Line = Tuple[str, str]  # (label, text); a label "WARNING" is a warning
+
+
+def hours(limit: Optional[str]) -> Optional[float]:
+    """A Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in hours; None if
+    unset, UNLIMITED or unreadable."""
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", (limit or "").strip())
+    if not m:
+        return None
+    days, a, b, c = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+    if days is not None:  # D-HH[:MM[:SS]]
+        h, mi, s = a, int(b or 0), int(c or 0)
+        return int(days) * 24 + h + mi / 60 + s / 3600
+    if c is not None:  # HH:MM:SS
+        return a + int(b) / 60 + int(c) / 3600
+    return (a + int(b or 0) / 60) / 60  # MM[:SS]
+
+
+def _gpu_hours(r, limit: Optional[str], where: str) -> str:
+    c = r.cluster
+    size = f"{c.nodes} node(s) x {c.gpus_per_node} GPU(s)"
+    h = hours(limit)
+    if h is None:
+        return f"{size}, time limit {limit or 'unset'}{where}: GPU-hours unbounded by the job"
+    gpus = c.nodes * c.gpus_per_node
+    text = f"{size} for up to {limit}{where}: at most {gpus * h:g} GPU-hours"
+    if c.requeue:
+        runs = 1 + c.max_restarts
+        text += f", {gpus * h * runs:g} with its restarts (cluster.max_restarts={c.max_restarts})"
+    return text
+
+
+def _image(r) -> List[Line]:
+    image = r.container.image
+    if not image:
+        return [("nodes run", f"{r.runtime.python} (runtime.python; no container.image)"
+                 + (f", after runtime.setup ({len(r.runtime.setup)} line(s))" if r.runtime.setup else ""))]
+    local = image.startswith(("/", "~", "./"))
+    lines = [("image", f"{image} ({'a squashfs on shared storage' if local else 'pulled by enroot on every node at each start'})")]
+    if local and not os.path.exists(os.path.expanduser(image)):
+        lines.append(("WARNING", f"container.image {image} does not exist here; if the nodes cannot see it "
+                                 "either, the job fails at its first step (verl-launch image import makes it)"))
+    return lines
+
+
+def _trainer(r, verl_args) -> str:
+    args = dict(a.split("=", 1) for a in verl_args if "=" in a)
+    use_v1 = args.get("trainer.use_v1")
+    if r.verl.entrypoint.split(".")[0] == "launcher":
+        return f"{r.verl.entrypoint}: the launcher's stand-in driver, not verl"
+    which = ("verl's legacy trainer (trainer.use_v1=false): it records rollout traces, verl 0.9's V1 trainer "
+             "does not; trace.backend=none lets verl use its V1 trainer" if use_v1 == "false"
+             else "verl's V1 trainer (verl's default)")
+    return f"{r.verl.entrypoint}, {which}"
+
+
+def weigh(loaded, script: Optional[str] = None, ask_slurm: bool = True) -> List[Line]:
+    """The lines `check` prints before its verdict (SCRIPT: the rendered job script, for
+    `sbatch --test-only`; ASK_SLURM false: nothing is asked of Slurm, as for --local)."""
+    from . import prior, slurm
+
+    r, plan = loaded.recipe, loaded.plan
+    c = r.cluster
+    lines: List[Line] = []
+    part, slurm_said, unknown = None, None, None
+    if ask_slurm:
+        try:
+            part = slurm.partition(c.partition)
+            if part is None:
+                unknown = (f"cluster.partition={c.partition}: Slurm has no such partition" if c.partition
+                           else "Slurm names no default partition: set cluster.partition")
+        except SlurmError as e:
+            slurm_said = str(e)
+    name = c.partition or (part or {}).get("PartitionName")
+    lines.append(("slurm", f"partition={name or '(the default)'} account={c.account or '(your default)'} "
+                           f"qos={c.qos or '(default)'}"))
+    limit, where = c.time, " (cluster.time)"
+    if limit is None and part:
+        default = part.get("DefaultTime") not in (None, "NONE")
+        limit = part.get("DefaultTime") if default else part.get("MaxTime")
+        where = f" (partition {part.get('PartitionName')}'s {'DefaultTime' if default else 'MaxTime'})"
+    lines.append(("size", _gpu_hours(r, limit, where if limit else "")))
+    lines += _image(r)
+    lines.append(("trainer", _trainer(r, plan.verl_args)))
+    if r.verl.version and plan.node_check.get("verl_version"):
+        lines.append(("verl", f"{r.verl.version} (verl.version): confirmed on every node at job start"
+                              + (", in the container" if r.container.image else "")))
+    lines.append(("start", prior.find(plan).describe()))
+    if unknown:
+        lines.append(("WARNING", unknown))
+    if part:
+        total = int(part.get("TotalNodes") or 0)
+        cap = part.get("MaxNodes")
+        if total and c.nodes > total:
+            lines.append(("WARNING", f"cluster.nodes={c.nodes}, but partition {name} has {total} node(s): "
+                                     "Slurm would keep the job pending for ever"))
+        elif cap and cap.isdigit() and c.nodes > int(cap):
+            lines.append(("WARNING", f"cluster.nodes={c.nodes}, above partition {name}'s MaxNodes={cap}: "
+                                     "Slurm would keep the job pending for ever"))
+    if ask_slurm and script is not None and slurm_said is None:
+        try:
+            ok, said = slurm.test_only(script)
+            lines.append(("queue", f"would start at {said} (sbatch --test-only)") if ok
+                         else ("WARNING", f"sbatch --test-only refuses it: {said}"))
+        except SlurmError as e:
+            slurm_said = str(e)
+    if slurm_said:
+        lines.append(("slurm?", f"not asked: {slurm_said}"))
+    return lines

@@ -1,0 +1,131 @@
+"""What `check` puts before a user queues (launcher/summary.py) and what an experiment already
+has (launcher/prior.py): the GPU-hours a time limit allows, the partition's size and when Slurm
+would start the job (the sandbox answers: `sbatch --test-only`), a missing image; checkpoints an
+experiment would resume from, `submit --fresh` and `--resume` refusing what they rule out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, submit_json
+from launcher.summary import hours
+
+DEMO = RECIPES / "sandbox-demo.yaml"
+
+
+@pytest.mark.parametrize("limit, want", [
+    ("30", 0.5), ("90:00", 1.5), ("04:00:00", 4), ("2-00:00:00", 48), ("1-12", 36), ("1-00:30", 24.5),
+    ("UNLIMITED", None), (None, None), ("", None),
+])
+def test_slurm_time_limits_in_hours(limit, want):
+    assert hours(limit) == (pytest.approx(want) if want is not None else None)
+
+
+def _lines(out: str) -> dict:
+    got = {}
+    for line in out.splitlines():
+        if line[:1].strip() and len(line) > 12:
+            got.setdefault(line[:11].strip(), []).append(line[12:])
+    return got
+
+
+def _check(cli, env, tmp_path, *overrides):
+    proc = cli("check", DEMO, f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}", *overrides, env=env)
+    return proc, _lines(proc.stdout)
+
+
+def _ckpt(tmp_path, experiment: str, step: int) -> Path:
+    """The layout verl's checkpoint manager leaves: global_step_N dirs and its tracker file."""
+    d = tmp_path / "runs" / "checkpoints" / experiment
+    for s in range(step // 2, step + 1, step // 2):
+        (d / f"global_step_{s}" / "actor").mkdir(parents=True)
+    (d / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return d
+
+
+def test_without_slurm_check_says_what_it_could_not_ask_and_still_gives_its_verdict(cli, clean_env, tmp_path):
+    env = dict(clean_env, PATH=f"{Path(sys.executable).parent}:/usr/bin:/bin", SLURM_CONF=str(tmp_path / "no.conf"))
+    proc, got = _check(cli, env, tmp_path, "cluster.time=2:00:00", "cluster.requeue=true", "cluster.max_restarts=2")
+    assert proc.returncode == 0, proc.stderr
+    assert got["size"] == ["2 node(s) x 2 GPU(s) for up to 2:00:00 (cluster.time): at most 8 GPU-hours, "
+                           "24 with its restarts (cluster.max_restarts=2)"], got
+    assert got["slurm?"][0].startswith("not asked: "), got
+    assert "queue" not in got
+    assert got["start"] == [f"experiment 'sandbox-demo' starts from scratch (no checkpoint in "
+                            f"{tmp_path / 'runs' / 'checkpoints' / 'sandbox-demo'})"], got
+    assert proc.stdout.rstrip().endswith("ok: submit would queue this job")
+
+
+def test_a_missing_image_is_a_warning_not_a_refusal(cli, clean_env, tmp_path):
+    proc, got = _check(cli, clean_env, tmp_path, f"container.image={tmp_path}/verl.sqsh",
+                       f"container.mounts=[{tmp_path}:{tmp_path}]")
+    assert proc.returncode == 0, proc.stderr
+    assert got["image"] == [f"{tmp_path}/verl.sqsh (a squashfs on shared storage)"], got
+    assert any(w.startswith(f"container.image {tmp_path}/verl.sqsh does not exist here") for w in got["WARNING"]), got
+
+
+def test_an_experiment_with_checkpoints_resumes_and_the_flags_say_which_is_meant(cli, clean_env, tmp_path):
+    d = _ckpt(tmp_path, "sandbox-demo", 20)
+    proc, got = _check(cli, clean_env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert got["start"] == [f"experiment 'sandbox-demo' will RESUME from step 20 ({d}/global_step_20; "
+                            "trainer.resume_mode=auto)"], got
+    base = ("submit", DEMO, f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}")
+    state = tmp_path / "home" / ".local" / "state"
+    fresh = cli(*base, "--fresh", env=clean_env)
+    assert fresh.returncode == 2, fresh.stderr
+    assert fresh.stderr.strip().splitlines()[-1] == (
+        f"error: {DEMO}: wandb.experiment: --fresh: experiment 'sandbox-demo' already has checkpoints up to "
+        f"global_step_20 in {d}: give it a new name (wandb.experiment=sandbox-demo-2), or move those checkpoints "
+        "away; to continue it instead, use --resume"), fresh.stderr
+    assert not (tmp_path / "runs" / "sandbox-demo").exists() and not state.exists()  # nothing written
+    resume = cli(*base, "--resume", "--dry-run", env=clean_env)
+    assert resume.returncode == 0, resume.stderr
+    assert "start       experiment 'sandbox-demo' will RESUME from step 20" in resume.stderr
+    other = cli(*base, "wandb.experiment=sandbox-demo-2", "--resume", "--dry-run", env=clean_env)
+    assert other.returncode == 2 and "--resume: experiment 'sandbox-demo-2': there is no checkpoint to resume " \
+        "from in" in other.stderr and "verl.overrides.trainer.default_local_dir" in other.stderr, other.stderr
+    assert cli(*base, "wandb.experiment=sandbox-demo-2", "--fresh", "--dry-run", env=clean_env).returncode == 0
+    both = cli(*base, "--fresh", "--resume", env=clean_env)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr, both.stderr
+    sweep = cli(*base, "-m", "data.train_batch_size=8,16", "--fresh", env=clean_env)
+    assert sweep.returncode == 2 and "--fresh is for one run, not a sweep" in sweep.stderr, sweep.stderr
+    kept = cli(*base, "verl.overrides.trainer.resume_mode=disable", "--resume", env=clean_env)
+    assert kept.returncode == 2 and "its checkpoints are not resumed with trainer.resume_mode=disable" in kept.stderr, \
+        kept.stderr
+
+
+@pytest.mark.sandbox
+def test_slurm_answers_the_partitions_size_and_when_the_job_would_start(cli, sandbox, clean_env, tmp_path):
+    env = sandbox.env(clean_env)
+    proc, got = _check(cli, env, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert got["slurm"] == ["partition=debug account=(your default) qos=(default)"], got
+    assert got["queue"][0].startswith("would start at 20") and got["queue"][0].endswith("(sbatch --test-only)"), got
+    assert "WARNING" not in got and "slurm?" not in got, got
+    proc, got = _check(cli, env, tmp_path, "cluster.nodes=9")
+    assert proc.returncode == 0, proc.stdout + proc.stderr  # warned, not refused: the partition may grow
+    assert got["WARNING"][0] == ("cluster.nodes=9, but partition debug has 4 node(s): "
+                                 "Slurm would keep the job pending for ever"), got
+    assert got["WARNING"][1].startswith("sbatch --test-only refuses it: "), got
+    proc, got = _check(cli, env, tmp_path, "cluster.partition=nope")
+    assert got["WARNING"][0] == "cluster.partition=nope: Slurm has no such partition", got
+
+
+@pytest.mark.sandbox
+def test_fresh_refuses_an_experiment_an_earlier_run_logged_to_w_and_b(cli, sandbox, clean_env, tmp_path):
+    env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
+    base = ("submit", DEMO, f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}")
+    info = submit_json(cli(*base, "--json", env=env))
+    assert sandbox.wait(info["job_id"], timeout=180) == "COMPLETED"
+    proc, got = _check(cli, env, tmp_path)
+    assert "; W&B run " in got["start"][0] and f"already has earlier runs (job {info['job_id']})" in got["start"][0], got
+    again = cli(*base, "--fresh", env=env)
+    assert again.returncode == 2, again.stderr
+    assert f"already has W&B run " in again.stderr and f"from job {info['job_id']}" in again.stderr, again.stderr
+    runs = [json.loads(x) for x in (tmp_path / "state" / "runs.jsonl").read_text().splitlines()]
+    assert [r["job_id"] for r in runs] == [info["job_id"]]  # nothing more queued
