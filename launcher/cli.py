@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from . import __version__
 from .console import fail as _fail
-from .errors import EXIT_BAD_INPUT, EXIT_FAILED, RecipeError, SlurmError
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NEVER_STARTS, RecipeError, SlurmError
 
 EPILOG = """\
 Overrides use Hydra's grammar, e.g.  cluster.nodes=4  wandb.experiment=try2
@@ -398,7 +398,7 @@ def _wait(done, out) -> dict:
 
     from .secrets import redact
 
-    from .slurm import watch
+    from .slurm import job_info, never_starts, watch
 
     t0 = time.monotonic()
     live = out.isatty()  # a terminal: the driver's progress is one line, rewritten in place
@@ -406,7 +406,7 @@ def _wait(done, out) -> dict:
 
     def show(text: str) -> None:
         line = redact(f"  [{time.monotonic() - t0:6.1f}s] {text}")
-        if live and text.startswith("RUNNING: driver-start - "):
+        if live and text.startswith(("RUNNING: driver-start - ", "RUNNING: training - ")):
             print(f"\r\033[K{line}", end="", file=out, flush=True)
             open_line[0] = True
             return
@@ -414,17 +414,36 @@ def _wait(done, out) -> dict:
         open_line[0] = False
 
     try:
-        final = watch(done.job_id, done.paths, show)
+        final = watch(done.job_id, done.paths, show, stop_if_never_starts=True)
     except SlurmError as e:
         print(f"error: {e}; job {done.job_id} keeps running", file=out)
         raise SystemExit(EXIT_FAILED)
     except KeyboardInterrupt:
-        print(f"\ndetached; job {done.job_id} keeps running (scancel {done.job_id} to stop it)", file=out)
+        try:
+            info = job_info(done.job_id) or {}
+        except (SlurmError, KeyboardInterrupt):
+            info = {}
+        if open_line[0]:
+            print(file=out)
+        print(f"\n{_detached(done.job_id, info.get('JobState'))}", file=out)
         raise SystemExit(0)
+    why = never_starts(final)
+    if why:  # left queued: someone may change the partition or the job (scontrol update)
+        print(("\n" if open_line[0] else "") + redact(
+            f"job {done.job_id} will not start: {why}. Stopped waiting; the job stays queued "
+            f"(remove it: verl-launch cancel {done.job_id})"), file=out)
+        raise SystemExit(EXIT_NEVER_STARTS)
     why = done.paths.stop_reason() if final.get("JobState") != "COMPLETED" else None
     print(redact(f"job {done.job_id} {final.get('JobState')} exit code {final.get('ExitCode')}"
                  + (f" - {why}" if why else "") + f"; output in {done.paths.stdout(done.job_id)}"), file=out)
     return final
+
+
+def _detached(job_id: str, state: Optional[str]) -> str:
+    """What Ctrl-C on --wait leaves: a queued job stays queued, a running one keeps running."""
+    if state == "PENDING":
+        return f"detached; job {job_id} stays queued (remove it: verl-launch cancel {job_id})"
+    return f"detached; job {job_id} keeps running (stop it: verl-launch cancel {job_id})"
 
 
 if __name__ == "__main__":

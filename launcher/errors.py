@@ -4,6 +4,7 @@ from __future__ import annotations
 
 EXIT_BAD_INPUT = 2  # bad recipe / override / flag: nothing written, nothing queued
 EXIT_FAILED = 1  # a Slurm command or the job itself failed
+EXIT_NEVER_STARTS = 3  # --wait: the job stays queued for a reason that cannot clear by itself (left queued)
 
 
 class RecipeError(Exception):

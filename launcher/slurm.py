@@ -59,7 +59,8 @@ def plan(loaded: Loaded, now: Optional[float] = None, run_dir: Optional[Path] = 
         run_dir = runs_dir(r) / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{_random.token_hex(2)}"
     meta = {"recipe": r.source, "job_name": r.job.name, "experiment": r.experiment,
             "project": r.wandb.project, "entity": r.wandb.entity, "nodes": r.cluster.nodes,
-            "gpus_per_node": r.cluster.gpus_per_node, "wandb_base_url": r.wandb.base_url, "created": now}
+            "gpus_per_node": r.cluster.gpus_per_node, "wandb_base_url": r.wandb.base_url, "created": now,
+            "wandb_enabled": r.wandb.enabled, "trace_backend": r.trace.backend}
     return SubmitRequest(paths=RunPaths(run_dir), script=render(loaded.plan),
                          recipe_yaml=resolved_yaml(r), meta=meta)
 
@@ -156,6 +157,49 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
 
+# Reasons a PENDING job keeps until someone changes the job or Slurm's configuration: the job
+# asks for what the partition, account or QOS can never give (Slurm's "JOB REASON CODES").
+# Waiting for them ends nothing; Resources, Priority, *Grp* limits, holds and a down or
+# drained node (ReqNodeNotAvail) do clear by themselves.
+NEVER_STARTS = {
+    "PartitionNodeLimit": "it asks for more (or fewer) nodes than the partition allows",
+    "PartitionTimeLimit": "its time limit is above the partition's",
+    "PartitionConfig": "it asks for what the partition has not got (nodes, GPUs, memory or CPUs)",
+    "BadConstraints": "no node can ever satisfy its constraints (GPUs, CPUs, memory or features per node)",
+    "InvalidAccount": "its account is not valid",
+    "InvalidQOS": "its QOS is not valid",
+    "AccountNotAllowed": "its account may not use the partition",
+    "QOSNotAllowed": "its QOS may not use the partition",
+    "DependencyNeverSatisfied": "it depends on a job that can no longer satisfy the dependency",
+}
+_NEVER_RE = re.compile(r"(?:QOS|Assoc)(?:Max|Min)\w*(?:PerJob|PerNode|PerTask)\w*|(?:QOS|Assoc)MaxWallDurationPerJobLimit")
+
+
+def never_starts(info: dict) -> Optional[str]:
+    """Why a PENDING job can never start, in plain words, with Slurm's reason; None if it may."""
+    state = info.get("JobState", info.get("state"))
+    reason = info.get("Reason", info.get("reason"))
+    if state != "PENDING" or not reason:
+        return None
+    if reason in NEVER_STARTS:
+        return f"{NEVER_STARTS[reason]} (Slurm's reason: {reason})"
+    if _NEVER_RE.fullmatch(reason):
+        return f"it asks for more than a per-job limit of its QOS or account allows (Slurm's reason: {reason})"
+    return None
+
+
+def reason_of(value: Optional[str]) -> Optional[str]:
+    """Slurm's Reason field: None for its 'None' (and for nothing)."""
+    return None if value in (None, "", "None", "(null)") else value
+
+
+def shown_phase(phase: Optional[str], progress: Optional[str]) -> Optional[str]:
+    """The job's phase as a person reads it: 'training' once the driver reports training steps."""
+    if phase == "driver-start" and progress and re.search(r"\btraining step \d", progress):
+        return "training"
+    return phase
+
+
 def ended(info: dict) -> bool:
     """A terminal state; a preempted job that Slurm will requeue is not over."""
     state = info.get("JobState", "UNKNOWN")
@@ -181,9 +225,12 @@ def _fields(line: str) -> dict:
     return info
 
 
-def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: Optional[float] = None) -> dict:
+def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: Optional[float] = None,
+          stop_if_never_starts: bool = False) -> dict:
     """Poll one job (one scontrol call per ``poll`` seconds) until it ends; call
-    ``on_change(state_text)`` whenever the Slurm state or the job's phase changes."""
+    ``on_change(state_text)`` whenever the Slurm state or the job's phase changes. With
+    ``stop_if_never_starts``, also return (the job still PENDING) once it pends for a reason
+    that cannot clear by itself (``never_starts``)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
     misses = 0
@@ -199,32 +246,36 @@ def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: O
         text = state
         if info.get("Restarts", "0") != "0":
             text += f" [restart {info['Restarts']}]"
-        if state == "PENDING" and info.get("Reason") not in (None, "None"):
+        if state == "PENDING" and reason_of(info.get("Reason")):
             text += f" ({info['Reason']})"
         phase = paths.last_phase()
         if state == "RUNNING" and phase:
-            text += f": {phase['phase']}" + (f" ({phase['detail']})" if phase.get("detail") else "")
-            if phase["phase"] == "driver-start":  # what the driver's Ray work is doing
-                progress = paths.progress(phase.get("restart", 0))
-                text += f" - {progress}" if progress else ""
+            progress = paths.progress(phase.get("restart", 0)) if phase["phase"] == "driver-start" else None
+            text += f": {shown_phase(phase['phase'], progress)}" + (f" ({phase['detail']})" if phase.get("detail") else "")
+            text += f" - {progress}" if progress else ""  # what the driver's Ray work is doing
         if text != last:
             on_change(text)
             last = text
         if ended(info) or state == "UNKNOWN":
+            return info
+        if stop_if_never_starts and never_starts(info):
             return info
         if deadline is not None and time.monotonic() > deadline:
             return info
         time.sleep(poll)
 
 
-def watch_many(runs: List[dict], on_change, poll: float = 5.0, timeout: Optional[float] = None) -> dict:
+def watch_many(runs: List[dict], on_change, poll: float = 5.0, timeout: Optional[float] = None,
+               stop_if_never_starts: bool = False) -> dict:
     """Poll many runs (a sweep's points; one `states` call per ``poll`` seconds) until every
     one has ended; call ``on_change({state: count})`` when the counts change. Returns the
-    state by run dir."""
+    state by run dir. With ``stop_if_never_starts``, also return once every point still
+    waiting is PENDING for a reason that cannot clear by itself (``never_starts``)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     last = None
     while True:
-        now = {d: info.get("state", "UNKNOWN") for d, info in states(runs).items()}
+        infos = states(runs)
+        now = {d: info.get("state", "UNKNOWN") for d, info in infos.items()}
         counts: dict = {}
         for state in now.values():
             counts[state] = counts.get(state, 0) + 1
@@ -232,6 +283,9 @@ def watch_many(runs: List[dict], on_change, poll: float = 5.0, timeout: Optional
             on_change(counts)
             last = counts
         if all(s in TERMINAL for s in now.values()) or (deadline is not None and time.monotonic() > deadline):
+            return now
+        waiting = [info for info in infos.values() if info.get("state") not in TERMINAL]
+        if stop_if_never_starts and all(never_starts(info) for info in waiting):
             return now
         time.sleep(poll)
 
@@ -265,7 +319,7 @@ def _controller_jobs() -> dict:
         info = _fields(line)
         if "JobId" in info:
             entry = {"state": info.get("JobState", "UNKNOWN"), "exit_code": info.get("ExitCode"),
-                     "reason": info.get("Reason"), "work_dir": info.get("WorkDir"),
+                     "reason": reason_of(info.get("Reason")), "work_dir": info.get("WorkDir"),
                      "start": info.get("StartTime"), "end": info.get("EndTime"),
                      "submit": info.get("SubmitTime"), "source": "scontrol"}
             out[info["JobId"]] = entry

@@ -9,7 +9,7 @@ import sys
 
 from . import sweep
 from .console import fail
-from .errors import EXIT_FAILED, SlurmError
+from .errors import EXIT_FAILED, EXIT_NEVER_STARTS, SlurmError
 
 
 def _load(args) -> sweep.Sweep:
@@ -102,7 +102,7 @@ def _wait(rec: dict, out) -> dict:
     import time
 
     from . import registry
-    from .slurm import watch_many
+    from .slurm import TERMINAL, never_starts, states, watch_many
 
     points = [r for r in registry.runs() if r.get("sweep") == rec["sweep_dir"]]
     t0 = time.monotonic()
@@ -112,11 +112,20 @@ def _wait(rec: dict, out) -> dict:
         print(f"  [{time.monotonic() - t0:6.1f}s] {text}", file=out, flush=True)
 
     try:
-        final = watch_many(points, show)
+        final = watch_many(points, show, stop_if_never_starts=True)
     except KeyboardInterrupt:
-        print(f"\ndetached; sweep {rec['job_id']} keeps running (verl-launch cancel {rec['job_id']} to stop it)",
-              file=out)
+        try:
+            queued = all(i.get("state") in ("PENDING",) + tuple(TERMINAL) for i in states(points).values())
+        except (SlurmError, KeyboardInterrupt):
+            queued = False
+        print(f"\ndetached; sweep {rec['job_id']} " + ("stays queued (remove it" if queued else "keeps running (stop it")
+              + f": verl-launch cancel {rec['job_id']})", file=out)
         raise SystemExit(0)
+    if not all(s in TERMINAL for s in final.values()):  # every point still waiting can never start
+        why = {never_starts(i) for i in states(points).values() if i.get("state") not in TERMINAL}
+        print(f"sweep {rec['job_id']} will not start: {'; '.join(sorted(w for w in why if w))}. Stopped waiting; "
+              f"its points stay queued (remove them: verl-launch cancel {rec['job_id']})", file=out)
+        raise SystemExit(EXIT_NEVER_STARTS)
     print(f"sweep {rec['job_id']}: " + ", ".join(f"{p['job_id']} {final[p['run_dir']]}" for p in points), file=out)
     return {p["job_id"]: final[p["run_dir"]] for p in points}
 
@@ -134,11 +143,13 @@ def _run_local(req: sweep.SweepRequest, args) -> int:
     sp.write_record(record)
     registry.record({k: v for k, v in record.items() if k != "points"})
     results = []
-    for p, point in zip(req.points, req.requests):
-        print(f"point {p.index}/{len(req.points) - 1} ({p.label()}): running locally in {point.paths.run_dir}",
+    n = len(req.points)
+    for p, point in zip(req.points, req.requests):  # numbered 1..N of N; the index (its directory) stays
+        print(f"point {p.index + 1}/{n} ({p.label()}): running locally in {point.paths.run_dir}",
               file=out, flush=True)
         rec = local.run(point, p.loaded.plan, os.environ, out)
-        print(f"point {p.index} {rec['final_state']} exit code {rec['exit_code']} in {rec['elapsed']} s", file=out)
+        print(f"point {p.index + 1}/{n} {rec['final_state']} exit code {rec['exit_code']} in {rec['elapsed']} s",
+              file=out)
         results.append({"index": p.index, "job_id": rec["job_id"], "run_dir": rec["run_dir"],
                         "final_state": rec["final_state"], "exit_code": rec["exit_code"]})
     if args.json:
