@@ -313,6 +313,14 @@ def cmd_merge(args) -> int:
     if args.serve_check:
         print("  then    vLLM loads it and generates from its chat template (--serve-check)", file=out)
     result = {"job_id": info["job_id"], "target": info["target"], "step": info["step"]}
+    if not args.wait:  # it goes on without us: say how to follow it
+        from .registry import find
+
+        where = (f"it runs here in the background, pid {info['job_id']}" if args.local
+                 else f"Slurm job {info['job_id']}")
+        status = f"`verl-launch status {args.ref}` shows the result; " if find(args.ref) else ""
+        print(f"Follow it: tail -f {job.paths.stdout}   ({where}; {status}merge ... --wait waits for it)",
+              file=out)
     if args.wait:
         try:
             wait_merge(job, on_change=lambda state: print(f"  {state}", file=out, flush=True))

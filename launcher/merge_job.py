@@ -105,16 +105,25 @@ def find(ref: str, step: str = "latest"):
     return inspect(root, step), run
 
 
+def _steps(root: Path) -> list:
+    """The steps verl started saving under ROOT (global_step_N), in order."""
+    return sorted(int(p.name.split("_")[-1]) for p in root.glob("global_step_*") if p.name.split("_")[-1].isdigit())
+
+
 def inspect(root: Path, step: str = "latest") -> Checkpoint:
     """The checkpoint at STEP under ROOT, complete; else exit 2 saying what is missing."""
-    if not root.is_dir():
-        raise RecipeError(f"no checkpoint directory {root} (did the run save one? trainer.save_freq)", where=CMDLINE)
+    have = _steps(root)
+    if not have and not (root / TRACKER).exists():  # --step N would find nothing either
+        raise RecipeError(f"no checkpoint at all yet: nothing saved in {root} (the run's trainer.default_local_dir"
+                          f"{'' if root.is_dir() else ', not created yet'}); verl saves one every trainer.save_freq "
+                          "steps (and at the last step): wait for one, or set trainer.save_freq", where=CMDLINE)
     if step == "latest":
         try:
             text = (root / TRACKER).read_text().strip()
         except OSError:
             raise RecipeError(f"{root} has no {TRACKER}: verl has not finished saving a checkpoint there "
-                              "(give --step N to take one anyway)", where=CMDLINE) from None
+                              f"(steps started there: {', '.join(map(str, have))}; give --step N to take one "
+                              "anyway)", where=CMDLINE) from None
         if not text.isdigit():
             raise RecipeError(f"{root / TRACKER} holds {text[:40]!r}, not a step", where=CMDLINE)
         n = int(text)
@@ -124,7 +133,6 @@ def inspect(root: Path, step: str = "latest") -> Checkpoint:
         raise RecipeError(f"--step {step!r}: a step number or 'latest'", where=CMDLINE)
     actor = root / f"global_step_{n}" / "actor"
     if not actor.is_dir():
-        have = sorted(int(p.name.split("_")[-1]) for p in root.glob("global_step_*") if p.name.split("_")[-1].isdigit())
         raise RecipeError(f"no checkpoint of step {n} ({actor} is missing; steps here: "
                           f"{', '.join(map(str, have)) or 'none'})", where=CMDLINE)
     if (actor / "lora_train_meta.json").exists() or (actor / "lora_adapter").exists():
