@@ -83,7 +83,7 @@ def preflight(loaded, environ: Mapping[str, str], out: TextIO):
     if need:
         print(f"cpus        {r.cluster.cpus_per_task} per node for Ray; {need.explain()}", file=out)
     for rule in rules_for(r):
-        print(f"verl rule   {rule.key}={rule.value!r}: {rule.why}", file=out)
+        print(rule.line, file=out)
     per_step = pf.trace_volume(r, pre.config)
     if per_step is not None and r.trace.backend != "none":
         how = ("every sample" if r.trace.max_samples_per_step_per_worker is None else

@@ -57,15 +57,19 @@ def _image(r) -> List[Line]:
     return lines
 
 
-def _trainer(r, verl_args) -> str:
-    args = dict(a.split("=", 1) for a in verl_args if "=" in a)
-    use_v1 = args.get("trainer.use_v1")
+def _trainer(r, verl_args) -> Optional[str]:
+    """Which of verl's trainers runs; None where a version rule chose it (api.preflight's line
+    already says which, and why)."""
+    from .verl_versions import rules_for
+
     if r.verl.entrypoint.split(".")[0] == "launcher":
         return f"{r.verl.entrypoint}: the launcher's stand-in driver, not verl"
-    which = ("verl's legacy trainer (trainer.use_v1=false): it records rollout traces, verl 0.9's V1 trainer "
-             "does not; trace.backend=none lets verl use its V1 trainer" if use_v1 == "false"
-             else "verl's V1 trainer (verl's default)")
-    return f"{r.verl.entrypoint}, {which}"
+    if any(rule.key == "trainer.use_v1" for rule in rules_for(r)):
+        return None
+    args = dict(a.split("=", 1) for a in verl_args if "=" in a)
+    if args.get("trainer.use_v1") == "false":
+        return f"{r.verl.entrypoint}, verl's legacy trainer (trainer.use_v1=false, the recipe's choice)"
+    return f"{r.verl.entrypoint}, verl's V1 trainer (verl's default: with trace.backend=none nothing needs the legacy one)"
 
 
 def weigh(loaded, script: Optional[str] = None, ask_slurm: bool = True) -> List[Line]:
@@ -95,7 +99,9 @@ def weigh(loaded, script: Optional[str] = None, ask_slurm: bool = True) -> List[
         where = f" (partition {part.get('PartitionName')}'s {'DefaultTime' if default else 'MaxTime'})"
     lines.append(("size", _gpu_hours(r, limit, where if limit else "")))
     lines += _image(r)
-    lines.append(("trainer", _trainer(r, plan.verl_args)))
+    trainer = _trainer(r, plan.verl_args)
+    if trainer:
+        lines.append(("trainer", trainer))
     if r.verl.version and plan.node_check.get("verl_version"):
         lines.append(("verl", f"{r.verl.version} (verl.version): confirmed on every node at job start"
                               + (", in the container" if r.container.image else "")))

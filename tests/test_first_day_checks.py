@@ -191,8 +191,7 @@ def test_the_version_rule_is_said_in_plain_words(cli, clean_env):
 
     proc = cli("check", GSM8K, NO_VERL, env=clean_env)
     assert proc.returncode == 0, proc.stderr
-    # today api.py prints 'verl rule   trainer.use_v1=False: <why>'; it may print Rule.line instead
-    line = next(x for x in proc.stdout.splitlines() if x.startswith(("verl rule", "trainer ")))
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("trainer "))
     assert "rollout traces, which verl 0.9's default V1 trainer does not" in line, line
     assert line.endswith("set trace.backend=none to use the V1 trainer"), line
     assert RULES[0].line == ("trainer     verl's legacy trainer (trainer.use_v1=false): it records rollout traces, "

@@ -137,7 +137,9 @@ def test_version_rules_follow_the_targeted_verl():
 
 def test_check_says_why_it_turns_the_v1_trainer_off(cli, clean_env):
     proc = cli("check", GSM8K, "runtime.python=/usr/bin/python3", env=clean_env)
-    assert "verl rule   trainer.use_v1=False" in proc.stdout and "trace_this_sample = False" in proc.stdout
+    assert "trainer     verl's legacy trainer (trainer.use_v1=false): it records rollout traces, which verl 0.9's " \
+        "default V1 trainer does not; set trace.backend=none to use the V1 trainer" in proc.stdout, proc.stdout
+    assert proc.stdout.count("\ntrainer ") == 1, proc.stdout  # said once, where the rule chose it
 
 
 def test_trace_volume_is_printed_and_warned_about(cli, clean_env):
