@@ -87,6 +87,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--dry-run", action="store_true",
                    help="print the exact command and script; write and submit nothing")
     s.add_argument("--json", action="store_true", help="print one JSON object (job_id, run_dir, script, stdout, ...)")
+    start = s.add_mutually_exclusive_group()
+    start.add_argument("--fresh", action="store_const", const="fresh", dest="start", default="auto",
+                       help="start the experiment from scratch: refuse (exit 2) if it already has checkpoints "
+                            "or an earlier run logging to its W&B run")
+    start.add_argument("--resume", action="store_const", const="resume", dest="start",
+                       help="continue the experiment: refuse (exit 2) unless it has a checkpoint verl resumes "
+                            "from. Without either, verl's trainer.resume_mode=auto decides, and `check` says which")
     s.add_argument("--wait", action="store_true",
                    help="follow the job until it ends (Ctrl-C detaches; the job keeps running); "
                         "exit 0 if it COMPLETED, 1 otherwise")
@@ -165,6 +172,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if getattr(args, "max_parallel", None) and not args.multirun:
             raise RecipeError("--max-parallel is for a sweep (-m)", where="command line")
+        if getattr(args, "multirun", False) and getattr(args, "start", "auto") != "auto":
+            raise RecipeError(f"--{args.start} is for one run, not a sweep (-m): each point is an experiment "
+                              "of its own", where="command line")
         if getattr(args, "multirun", False):
             from . import sweep_cli
 
@@ -248,6 +258,12 @@ def cmd_check(args) -> int:
             print("W&B key     refused (see below)")
     for name in r.secrets:
         print(f"secret      {name}: {'set' if os.environ.get(name) else 'NOT SET in your environment'}")
+    from .slurm import plan
+    from .summary import weigh
+
+    local = getattr(args, "local", False)
+    for label, text in weigh(loaded, None if local else plan(loaded).script, ask_slurm=not local):
+        print(f"{label:<11} {text}")
     print("verl args")
     for a in verl_args(r):
         print(f"  {a}")
@@ -349,7 +365,8 @@ def cmd_submit(args) -> int:
     from .api import prepare
     from .slurm import schedule
 
-    loaded, req = prepare(args.recipe, args.overrides, args.local, not args.no_check, os.environ, sys.stderr)
+    loaded, req = prepare(args.recipe, args.overrides, args.local, not args.no_check, os.environ, sys.stderr,
+                          start=args.start)
     if args.dry_run:
         command = f"bash {req.paths.SCRIPT} (here, without Slurm, in {req.paths.run_dir})" if args.local else str(req)
         if args.json:

@@ -13,11 +13,12 @@ import secrets as _random
 import shlex
 import shutil
 import subprocess
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Mapping, Optional
+from typing import List, Mapping, Optional, Tuple
 
 from omegaconf import OmegaConf
 
@@ -426,3 +427,37 @@ def cancel(job_id: str) -> None:
     proc = _run(["scancel", job_id])
     if proc.returncode != 0:
         raise SlurmError(f"scancel {job_id} failed: {proc.stderr.strip()}")
+
+
+def partition(name: Optional[str]) -> Optional[dict]:
+    """``scontrol show partition`` of NAME (None: the cluster's default partition) as a dict
+    (PartitionName, TotalNodes, MaxNodes, MaxTime, DefaultTime, ...); None where Slurm
+    knows no such partition; SlurmError where Slurm does not answer."""
+    proc = _run(["scontrol", "show", "partition", "--oneliner"] + ([name] if name else []))
+    if proc.returncode != 0:
+        said = " ".join((proc.stderr + proc.stdout).split())
+        if "not found" in said:
+            return None
+        raise SlurmError(f"scontrol show partition: {said[-300:] or f'exit code {proc.returncode}'}")
+    for line in proc.stdout.splitlines():
+        info = _fields(line)
+        if "PartitionName" in info and (name or info.get("Default") == "YES"):
+            return info
+    return None
+
+
+def test_only(script: str) -> Tuple[bool, str]:
+    """``sbatch --test-only`` on a job script's text (its directives; nothing is queued):
+    (True, when Slurm would start it) or (False, Slurm's refusal)."""
+    _need("sbatch")
+    with tempfile.TemporaryDirectory(prefix="verl-launch-test-only-") as cwd:
+        try:
+            proc = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True,
+                                  cwd=cwd, timeout=60)
+        except subprocess.TimeoutExpired:
+            raise SlurmError("sbatch --test-only did not answer within 60 s (is slurmctld up?)") from None
+    said = " ".join((proc.stderr + proc.stdout).split())
+    m = re.search(r"to start at (\S+)", said)
+    if proc.returncode == 0 and m:
+        return True, m.group(1)
+    return False, re.sub(r"^sbatch: (error: )?", "", said) or f"exit code {proc.returncode}"
