@@ -121,14 +121,21 @@ class Run:
         return _row(run, _states([run])[self.run_dir])
 
     def wait(self, poll: float = 5.0, timeout: Optional[float] = None) -> str:
-        """Until the run ends (or TIMEOUT seconds): its final state."""
+        """Until the run ends (or TIMEOUT seconds): its final state. A job that pends for a
+        reason that cannot clear by itself (slurm.never_starts) raises SlurmError, left queued."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        from .slurm import TERMINAL
+        from .jobs import _states
+        from .slurm import TERMINAL, never_starts
 
         while True:
-            state = self.state()
+            info = _states([self._record()])[self.run_dir]
+            state = info.get("state", "UNKNOWN")
             if state in TERMINAL or (deadline is not None and time.monotonic() > deadline):
                 return state
+            why = never_starts(info)
+            if why:
+                raise SlurmError(f"job {self.job_id} will not start: {why}; it stays queued "
+                                 f"(remove it: Run.cancel() or verl-launch cancel {self.job_id})")
             time.sleep(poll)
 
     def cancel(self) -> None:

@@ -21,7 +21,8 @@ A `+` adds a key verl's config lacks, which only free-form sections take, e.g.
 (verl's keys are checked against a snapshot of its config: a typo is exit 2, with a suggestion).
 
 Flags may come anywhere among the overrides (submit R --dry-run cluster.nodes=3).
-Exit codes: 0 ok, 1 a Slurm command failed, 2 bad input (nothing written, nothing queued).
+Exit codes: 0 ok, 1 a Slurm command or the job failed, 2 bad input (nothing written, nothing
+queued), 3 --wait on a job Slurm can never start (it stays queued).
 The W&B key comes from $WANDB_API_KEY, wandb.api_key_file or ~/.netrc; it is never written anywhere.
 """
 
@@ -95,8 +96,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="continue the experiment: refuse (exit 2) unless it has a checkpoint verl resumes "
                             "from. Without either, verl's trainer.resume_mode=auto decides, and `check` says which")
     s.add_argument("--wait", action="store_true",
-                   help="follow the job until it ends (Ctrl-C detaches; the job keeps running); "
-                        "exit 0 if it COMPLETED, 1 otherwise")
+                   help="follow the job until it ends (Ctrl-C detaches; the job stays queued or keeps running); "
+                        "exit 0 if it COMPLETED, 1 otherwise, 3 if Slurm says it can never start (left queued)")
 
     ls = sub.add_parser("list", help="recent runs: job id, name, experiment, state, nodes, elapsed, run dir",
                         description="Recent runs from the run registry, with their Slurm state (one batched query).")

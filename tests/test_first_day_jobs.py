@@ -98,6 +98,10 @@ def test_wait_stops_for_a_job_that_can_never_start_and_leaves_it_queued(cli, san
         assert st["links"]["traces"] == "https://wandb.ai/team/verl-launch-demo/weave/traces"
         text = cli("status", job, env=env).stdout
         assert f"state      PENDING ({st['reason']})" in text and "it will never start" in text, text
+        api = subprocess.run([sys.executable, "-c", "import sys, launcher; launcher.Run(sys.argv[1], sys.argv[2])"
+                              ".wait(poll=0.5, timeout=60)", job, st["run_dir"]],
+                             env=env, capture_output=True, text=True, timeout=120)  # the Python API stops too
+        assert api.returncode == 1 and f"SlurmError: job {job} will not start: " in api.stderr, api.stderr
     finally:
         assert cli("cancel", job, env=env, timeout=180).returncode == 0
 
