@@ -201,8 +201,11 @@ def stall_timeout(value) -> str:
 
 
 def _seconds(time: Optional[str]) -> Optional[int]:
-    """A Slurm time limit in seconds (None: none, or unlimited). Minutes, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    """A Slurm time limit in seconds (None: none, or unlimited: Slurm reads 0 so too). Minutes,
+    M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
     if time is None or not _TIME.fullmatch(time) or time in ("UNLIMITED", "INFINITE"):
+        return None
+    if not any(ch in "123456789" for ch in time):  # 0, 00:00, 0-0: no limit
         return None
     days, _, rest = time.rpartition("-")
     parts = [int(x) for x in rest.split(":")]

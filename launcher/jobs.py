@@ -367,14 +367,20 @@ def _log_file(run: dict, args) -> Path:
     elif _nodes(p) and args.node not in _nodes(p):  # a typo would print the head's log
         raise RecipeError(f"--node {args.node}: run {run['job_id']} ran on {', '.join(sorted(_nodes(p)))}",
                           where="command line")
-    elif list(p.logs.glob(f"ray-worker-{args.node}.r*.log")):
-        pattern = f"ray-worker-{args.node}.r*.log"
-    else:  # the head has no worker log of its own
+    elif _head(p) == args.node:  # the head: its Ray's log (it has no worker log)
         pattern = "ray-head.r*.log"
+    else:  # not the head's log in its place, before the node's is written: -f waits for it
+        pattern = f"ray-worker-{args.node}.r*.log"
     logs = sorted(p.logs.glob(pattern), key=lambda f: f.stat().st_mtime)
     if not logs:
         raise SlurmError(f"no log matching {p.logs / pattern} (yet)")
     return logs[-1]
+
+
+def _head(p: RunPaths) -> Optional[str]:
+    """The run's head node (its latest run's), from the job's `nodes` phase: the head first."""
+    found = [str(ph.get("detail", "")) for ph in p.read_phases() if isinstance(ph, dict) and ph.get("phase") == "nodes"]
+    return found[-1].split()[0] if found and found[-1].split() else None
 
 
 def _nodes(p: RunPaths) -> list:

@@ -55,7 +55,8 @@ class Prior:
 
 
 def find(plan, registry_runs: Optional[List[dict]] = None) -> Prior:
-    """The Prior of a plan (slurm.plan's Plan); REGISTRY_RUNS: the registry's (registry.runs())."""
+    """The Prior of a plan (slurm.plan's Plan); REGISTRY_RUNS: the registry's (registry.runs()).
+    A record from before runs kept wandb_enabled counts as logging to W&B (the default)."""
     from .checks import effective
     from .registry import runs as all_runs
 
@@ -78,7 +79,7 @@ def find(plan, registry_runs: Optional[List[dict]] = None) -> Prior:
     if p.wandb_run_id and r.wandb.enabled:
         w = r.wandb
         p.runs = [x for x in (all_runs() if registry_runs is None else registry_runs)
-                  if x.get("wandb_enabled") and x.get("experiment") == r.experiment
+                  if x.get("wandb_enabled", True) and x.get("experiment") == r.experiment
                   and x.get("project") == w.project and x.get("entity") == w.entity]
     return p
 

@@ -27,15 +27,17 @@ def record(run: dict) -> None:
 def runs() -> List[dict]:
     """Every recorded run, oldest first (unreadable lines are skipped)."""
     try:
-        lines = registry_file().read_text().splitlines()
+        lines = registry_file().read_text(errors="replace").splitlines()
     except OSError:
         return []
     out = []
     for line in lines:
         try:
-            out.append(json.loads(line))
+            run = json.loads(line)
         except ValueError:
             continue
+        if isinstance(run, dict) and isinstance(run.get("run_dir", ""), str):
+            out.append(run)
     return out
 
 

@@ -7,6 +7,7 @@ the exact command and whose script is the exact text that would be submitted.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import secrets as _random
@@ -81,7 +82,7 @@ def resolved_yaml(r) -> str:
 def schedule(req: SubmitRequest, environ: Optional[Mapping[str, str]] = None) -> Submitted:
     """Write the run directory (0700, files 0600) and run sbatch in it."""
     p = req.paths
-    _need(req.command[0])
+    _need(req.command[0], environ)
     p.create(req.script, req.recipe_yaml)
     with _undone(p.run_dir):
         job_id = _sbatch(req.command, p.run_dir, environ)
@@ -94,7 +95,7 @@ def schedule_sweep(req, environ: Optional[Mapping[str, str]] = None) -> dict:
     of the job array; then each point in the registry as ARRAY_i, and the sweep itself."""
     from .paths import SweepPaths
 
-    _need(req.command[0])
+    _need(req.command[0], environ)
     sp = SweepPaths(req.sweep_dir)
     sp.create(req.script)
     with _undone(sp.sweep_dir):
@@ -109,9 +110,12 @@ def schedule_sweep(req, environ: Optional[Mapping[str, str]] = None) -> dict:
     return record
 
 
-def _need(command: str) -> None:
+def _need(command: str, environ: Optional[Mapping[str, str]] = None) -> None:
     if shutil.which(command) is None:
         raise SlurmError(f"{command} not found on PATH: run this on a Slurm login node")
+    conf = (os.environ if environ is None else environ).get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):  # Slurm's commands would retry it for a minute, then fail
+        raise SlurmError(f"SLURM_CONF={conf}: no such file (unset it, or point it at slurm.conf)")
 
 
 @contextmanager
@@ -182,11 +186,36 @@ def never_starts(info: dict) -> Optional[str]:
     reason = info.get("Reason", info.get("reason"))
     if state != "PENDING" or not reason:
         return None
+    if reason in _NODE_COUNT and not _more_nodes_than_any(info):
+        return None  # the same reasons mean down or drained nodes too, which come back
     if reason in NEVER_STARTS:
         return f"{NEVER_STARTS[reason]} (Slurm's reason: {reason})"
     if _NEVER_RE.fullmatch(reason):
         return f"it asks for more than a per-job limit of its QOS or account allows (Slurm's reason: {reason})"
     return None
+
+
+_NODE_COUNT = ("PartitionNodeLimit", "PartitionConfig")
+
+
+def _more_nodes_than_any(info: dict) -> bool:
+    """The job asks for more nodes than each of its partitions may ever give (node_room); False
+    where that cannot be told."""
+    m = re.match(r"\d+", str(info.get("NumNodes", info.get("num_nodes")) or ""))
+    names = str(info.get("Partition", info.get("partition")) or "").split(",")
+    if not m or not all(names):
+        return False
+    try:
+        rooms = [_room(name) for name in names]
+    except SlurmError:
+        return False
+    return all(r is not None and int(m.group(0)) > r for r in rooms)
+
+
+@functools.lru_cache(maxsize=32)
+def _room(name: str) -> Optional[int]:
+    found = partition(name)
+    return node_room(found)[0] if found else None
 
 
 def reason_of(value: Optional[str]) -> Optional[str]:
@@ -299,6 +328,7 @@ _CHUNK = 300  # job ids per sacct call: bounded command lines, bounded calls
 def _run(cmd: List[str], timeout_ok: bool = False) -> Optional[subprocess.CompletedProcess]:
     """A Slurm query; a missing command is an error, and so is a timeout unless the caller
     polls anyway (``timeout_ok``: then None)."""
+    _need(cmd[0])
     try:
         return subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
     except FileNotFoundError:
@@ -322,7 +352,8 @@ def _controller_jobs() -> dict:
             entry = {"state": info.get("JobState", "UNKNOWN"), "exit_code": info.get("ExitCode"),
                      "reason": reason_of(info.get("Reason")), "work_dir": info.get("WorkDir"),
                      "start": info.get("StartTime"), "end": info.get("EndTime"),
-                     "submit": info.get("SubmitTime"), "source": "scontrol"}
+                     "submit": info.get("SubmitTime"), "source": "scontrol",
+                     "partition": info.get("Partition"), "num_nodes": info.get("NumNodes")}
             out[info["JobId"]] = entry
             # An array's task is also ARRAY_TASK; its pending tasks share one record (2-3%2).
             if info.get("ArrayJobId") and info.get("ArrayTaskId"):
@@ -433,6 +464,8 @@ def partition(name: Optional[str]) -> Optional[dict]:
     """``scontrol show partition`` of NAME (None: the cluster's default partition) as a dict
     (PartitionName, TotalNodes, MaxNodes, MaxTime, DefaultTime, ...); None where Slurm
     knows no such partition; SlurmError where Slurm does not answer."""
+    if name is not None and (not name or name.startswith("-")):  # never an option of scontrol's
+        return None
     proc = _run(["scontrol", "show", "partition", "--oneliner"] + ([name] if name else []))
     if proc.returncode != 0:
         said = " ".join((proc.stderr + proc.stdout).split())
@@ -441,9 +474,19 @@ def partition(name: Optional[str]) -> Optional[dict]:
         raise SlurmError(f"scontrol show partition: {said[-300:] or f'exit code {proc.returncode}'}")
     for line in proc.stdout.splitlines():
         info = _fields(line)
-        if "PartitionName" in info and (name or info.get("Default") == "YES"):
+        if info.get("PartitionName") == name if name else info.get("Default") == "YES":
             return info
     return None
+
+
+def node_room(part: dict) -> Tuple[Optional[int], str]:
+    """The most nodes a job may get in partition PART (scontrol's fields), and how it says so;
+    (None, "") where it does not say."""
+    total = int(part["TotalNodes"]) if str(part.get("TotalNodes", "")).isdigit() else None
+    cap = int(part["MaxNodes"]) if str(part.get("MaxNodes", "")).isdigit() else None
+    if cap is not None and (total is None or cap < total):
+        return cap, f"allows {cap} node(s) a job (MaxNodes)"
+    return total, (f"has {total} node(s)" if total is not None else "")
 
 
 def test_only(script: str) -> Tuple[bool, str]:

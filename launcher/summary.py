@@ -7,7 +7,6 @@ never refuses: `check`'s verdict stays submit's. Slurm is asked through launcher
 from __future__ import annotations
 
 import os
-import re
 from typing import List, Optional, Tuple
 
 from .errors import SlurmError
@@ -16,18 +15,11 @@ Line = Tuple[str, str]  # (label, text); a label "WARNING" is a warning
 
 
 def hours(limit: Optional[str]) -> Optional[float]:
-    """A Slurm time limit (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in hours; None if
-    unset, UNLIMITED or unreadable."""
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", (limit or "").strip())
-    if not m:
-        return None
-    days, a, b, c = m.group(1), int(m.group(2)), m.group(3), m.group(4)
-    if days is not None:  # D-HH[:MM[:SS]]
-        h, mi, s = a, int(b or 0), int(c or 0)
-        return int(days) * 24 + h + mi / 60 + s / 3600
-    if c is not None:  # HH:MM:SS
-        return a + int(b) / 60 + int(c) / 3600
-    return (a + int(b or 0) / 60) / 60  # MM[:SS]
+    """A Slurm time limit in hours; None if unset, unlimited (0 included) or unreadable."""
+    from .checks import _seconds
+
+    secs = _seconds((limit or "").strip() or None)
+    return None if secs is None else secs / 3600
 
 
 def _gpu_hours(r, limit: Optional[str], where: str) -> str:
@@ -49,9 +41,12 @@ def _image(r) -> List[Line]:
     if not image:
         return [("nodes run", f"{r.runtime.python} (runtime.python; no container.image)"
                  + (f", after runtime.setup ({len(r.runtime.setup)} line(s))" if r.runtime.setup else ""))]
-    local = image.startswith(("/", "~", "./"))
+    local = image.startswith(("/", "."))
     lines = [("image", f"{image} ({'a squashfs on shared storage' if local else 'pulled by enroot on every node at each start'})")]
-    if local and not os.path.exists(os.path.expanduser(image)):
+    if image.startswith("~"):
+        lines.append(("WARNING", f"container.image {image}: pyxis does not expand ~, and would take it for a "
+                                 "registry image: give the squashfs's absolute path"))
+    elif local and not os.path.exists(image):
         lines.append(("WARNING", f"container.image {image} does not exist here; if the nodes cannot see it "
                                  "either, the job fails at its first step (verl-launch image import makes it)"))
     return lines
@@ -80,15 +75,19 @@ def weigh(loaded, script: Optional[str] = None, ask_slurm: bool = True) -> List[
     r, plan = loaded.recipe, loaded.plan
     c = r.cluster
     lines: List[Line] = []
-    part, slurm_said, unknown = None, None, None
+    part, parts, slurm_said, unknown = None, [], None, []
     if ask_slurm:
-        try:
-            part = slurm.partition(c.partition)
-            if part is None:
-                unknown = (f"cluster.partition={c.partition}: Slurm has no such partition" if c.partition
-                           else "Slurm names no default partition: set cluster.partition")
+        try:  # a list (p1,p2): Slurm starts the job in whichever can first
+            for asked in (c.partition.split(",") if c.partition else [None]):
+                found = slurm.partition(asked)
+                if found is None:
+                    unknown.append(f"cluster.partition: Slurm has no partition {asked!r}" if asked
+                                   else "Slurm names no default partition: set cluster.partition")
+                else:
+                    parts.append(found)
         except SlurmError as e:
             slurm_said = str(e)
+    part = parts[0] if parts else None
     name = c.partition or (part or {}).get("PartitionName")
     lines.append(("slurm", f"partition={name or '(the default)'} account={c.account or '(your default)'} "
                            f"qos={c.qos or '(default)'}"))
@@ -106,17 +105,11 @@ def weigh(loaded, script: Optional[str] = None, ask_slurm: bool = True) -> List[
         lines.append(("verl", f"{r.verl.version} (verl.version): confirmed on every node at job start"
                               + (", in the container" if r.container.image else "")))
     lines.append(("start", prior.find(plan).describe()))
-    if unknown:
-        lines.append(("WARNING", unknown))
-    if part:
-        total = int(part.get("TotalNodes") or 0)
-        cap = part.get("MaxNodes")
-        if total and c.nodes > total:
-            lines.append(("WARNING", f"cluster.nodes={c.nodes}, but partition {name} has {total} node(s): "
-                                     "Slurm would keep the job pending for ever"))
-        elif cap and cap.isdigit() and c.nodes > int(cap):
-            lines.append(("WARNING", f"cluster.nodes={c.nodes}, above partition {name}'s MaxNodes={cap}: "
-                                     "Slurm would keep the job pending for ever"))
+    lines += [("WARNING", u) for u in unknown]
+    room = [slurm.node_room(p) for p in parts]
+    if parts and all(n is not None and c.nodes > n for n, _ in room):
+        why = ", ".join(f"partition {p.get('PartitionName')} {what}" for p, (_, what) in zip(parts, room))
+        lines.append(("WARNING", f"cluster.nodes={c.nodes}, but {why}: Slurm would keep the job pending for ever"))
     if ask_slurm and script is not None and slurm_said is None:
         try:
             ok, said = slurm.test_only(script)

@@ -129,7 +129,7 @@ def check_verl(want):
         try:
             with open(os.path.join(list(found.submodule_search_locations)[0], "version", "version")) as f:
                 have = f.read().strip()
-        except OSError:
+        except (OSError, ValueError):  # ValueError: not UTF-8
             pass
     if found and have is None:
         try:

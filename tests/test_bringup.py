@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -113,6 +114,40 @@ def test_what_outlives_ray_on_a_node_is_killed_before_the_job_ends(cli, sandbox,
     for log in ("ray-head.r0.log", "ray-worker-node2.r0.log"):
         assert "killing what Ray left on node" in (logs / log).read_text(), log
     assert "left lingering processes" in Path(info["stdout"]).read_text()
+
+
+@pytest.mark.parametrize("line, named, code", [
+    ("source /nowhere/venv/bin/activate", "source /nowhere/venv/bin/activate", 1),  # the README's first run
+    ("ls /nowhere hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", "ls /nowhere <redacted>", 2),  # never a credential
+])
+def test_a_failing_setup_line_is_named_in_status(cli, sandbox, clean_env, tmp_path, line, named, code):
+    """A setup line that fails ends the job at once (set -e; a `source` of a missing file gives
+    no ERR trap), and `status` names it, without a literal that looks like a credential."""
+    info = submit(cli, sandbox, clean_env, tmp_path, f"runtime.setup=['export A=1', '{line}', 'export B=2']")
+    assert sandbox.wait(info["job_id"]) == "FAILED"
+    st = json.loads(cli("status", info["job_id"], "--json", env=sandbox.env(clean_env)).stdout)
+    assert st["stopped"] == f"error: runtime.setup failed on node1: `{named}` exited {code} (bash's message is in the output)", st
+    assert "/nowhere" in Path(info["stdout"]).read_text()  # bash's (or ls's) own message
+    assert "hf_AbCd" not in Path(info["phases"]).read_text()
+    assert not job_processes(info["job_id"])
+
+
+def test_a_job_pending_on_a_drained_node_is_waited_for(cli, sandbox, clean_env, tmp_path):
+    """Slurm's node-count reasons (PartitionNodeLimit, PartitionConfig) also mean down or drained
+    nodes, which come back: --wait gives up (exit 3) only when the partition is too small."""
+    sandbox.run("scontrol", "update", "nodename=node4", "state=drain", "reason=verl-launch-test")
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", str(RECIPES / "sandbox-demo.yaml"),
+                                 f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}",
+                                 "cluster.nodes=4", "--wait"], env=sandbox.env(clean_env),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        time.sleep(15)
+        assert proc.poll() is None, proc.communicate()  # still waiting, not given up
+    finally:
+        sandbox.run("scontrol", "update", "nodename=node4", "state=resume")
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out + err
+    assert "COMPLETED" in out.strip().splitlines()[-1], out
 
 
 def test_failing_driver_keeps_logs_per_node(cli, sandbox, clean_env, tmp_path):

@@ -19,7 +19,7 @@ DEMO = RECIPES / "sandbox-demo.yaml"
 
 @pytest.mark.parametrize("limit, want", [
     ("30", 0.5), ("90:00", 1.5), ("04:00:00", 4), ("2-00:00:00", 48), ("1-12", 36), ("1-00:30", 24.5),
-    ("UNLIMITED", None), (None, None), ("", None),
+    ("UNLIMITED", None), (None, None), ("", None), ("0", None), ("00:00:00", None),  # Slurm: 0 is no limit
 ])
 def test_slurm_time_limits_in_hours(limit, want):
     assert hours(limit) == (pytest.approx(want) if want is not None else None)
@@ -99,6 +99,26 @@ def test_an_experiment_with_checkpoints_resumes_and_the_flags_say_which_is_meant
         kept.stderr
 
 
+def test_an_odd_registry_is_read_around_and_an_old_record_still_counts_as_a_w_and_b_run(cli, clean_env, tmp_path):
+    """runs.jsonl lines that are not run records (a JSON array, null, a number, bytes that are not
+    UTF-8) never make check or submit fail; a record from before runs kept wandb_enabled is a
+    run that logged to W&B (the default), so --fresh refuses its experiment."""
+    state = tmp_path / "state"
+    state.mkdir()
+    old = {"job_id": "7", "run_dir": str(tmp_path / "old"), "experiment": "sandbox-demo",
+           "project": "verl-launch-demo", "entity": None}
+    (state / "runs.jsonl").write_bytes(b"[]\nnull\n42\n\xff\xfe{\n" + json.dumps(old).encode() + b"\n")
+    env = dict(clean_env, VERL_LAUNCH_STATE=str(state))
+    proc, got = _check(cli, env, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "already has earlier runs (job 7): this one appends to it" in got["start"][0], got
+    fresh = cli("submit", DEMO, f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}", "--fresh",
+                env=env)
+    assert fresh.returncode == 2 and "from job 7" in fresh.stderr and "Traceback" not in fresh.stderr, fresh.stderr
+    listed = cli("list", env=env)
+    assert "Traceback" not in listed.stderr, listed.stderr
+
+
 @pytest.mark.sandbox
 def test_slurm_answers_the_partitions_size_and_when_the_job_would_start(cli, sandbox, clean_env, tmp_path):
     env = sandbox.env(clean_env)
@@ -113,7 +133,12 @@ def test_slurm_answers_the_partitions_size_and_when_the_job_would_start(cli, san
                                  "Slurm would keep the job pending for ever"), got
     assert got["WARNING"][1].startswith("sbatch --test-only refuses it: "), got
     proc, got = _check(cli, env, tmp_path, "cluster.partition=nope")
-    assert got["WARNING"][0] == "cluster.partition=nope: Slurm has no such partition", got
+    assert got["WARNING"][0] == "cluster.partition: Slurm has no partition 'nope'", got
+    proc, got = _check(cli, env, tmp_path, "cluster.partition='debug,nope'")  # Slurm takes a list
+    assert got["WARNING"][0] == "cluster.partition: Slurm has no partition 'nope'", got  # debug is fine
+    assert not any("debug" in w or "pending for ever" in w for w in got["WARNING"]), got
+    proc, got = _check(cli, env, tmp_path, "cluster.partition=-a")  # never an option to scontrol
+    assert got["WARNING"][0] == "cluster.partition: Slurm has no partition '-a'", got
 
 
 @pytest.mark.sandbox
