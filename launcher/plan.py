@@ -46,6 +46,7 @@ class Plan:
     gpu_clear: Tuple[str, ...]  # other vendors' GPU variables Slurm may set
     exclude_bad_nodes: bool  # requeue without a node the failure is put down to
     stall_timeout: str  # the watchdog's: "auto", "off" or seconds (checks.stall_timeout)
+    resume_mode: str = "auto"  # verl's trainer.resume_mode (launcher.prior: what a submit starts from)
 
 
 def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = None) -> Plan:
@@ -73,6 +74,7 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
         gpu_clear=tuple(node_checks.VENDORS[r.cluster.gpu_vendor]["clear"]),
         exclude_bad_nodes=r.cluster.requeue and r.cluster.exclude_bad_nodes is not False,
         stall_timeout=stall_timeout(r.cluster.stall_timeout),
+        resume_mode=str(v.get("trainer.resume_mode") or "auto"),
     )
 
 

@@ -57,12 +57,11 @@ class Prior:
 def find(plan, registry_runs: Optional[List[dict]] = None) -> Prior:
     """The Prior of a plan (slurm.plan's Plan); REGISTRY_RUNS: the registry's (registry.runs()).
     A record from before runs kept wandb_enabled counts as logging to W&B (the default)."""
-    from .checks import effective
     from .registry import runs as all_runs
 
     r = plan.recipe
     p = Prior(experiment=r.experiment, checkpoint_dir=plan.checkpoint_dir,
-              resume_mode=str(effective(r).get("trainer.resume_mode") or "auto"),
+              resume_mode=plan.resume_mode,
               wandb_run_id=dict(plan.wandb_env).get("WANDB_RUN_ID"))
     if p.checkpoint_dir:
         ckpt = os.path.expanduser(p.checkpoint_dir)
