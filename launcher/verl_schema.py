@@ -10,7 +10,8 @@ What is refused, each naming the key and where it was set:
 - a new key under a free-form section (override_config, engine_kwargs, ...) without `+`
   (Hydra refuses that too); with `+` it is fine: verl hands those on unread;
 - a value of the wrong type (text for a number, a fraction for a count: 2.5 epochs, true/false
-  for a switch; see FRACTIONAL_OK for the int-defaulted keys verl takes as any number), or a value
+  for a switch; see FRACTIONAL_OK for the int-defaulted keys verl takes as any number, and
+  NULL_DEFAULT_COUNTS for the null-defaulted keys verl takes as counts), or a value
   verl does not know for a key with a fixed set (advantage estimators, rollout engines...).
 `verl.extra_keys` lists keys (or sections) this check leaves alone: a verl fork's own.
 """
@@ -92,19 +93,50 @@ def whole_number_key(key: str, spec: dict) -> bool:
                                       or key.rpartition(".")[2] not in FRACTIONAL_OK)
 
 
+# Keys verl defaults to null but takes as counts (a whole number; null: verl decides). A null
+# default gives the snapshot no type ("any"), so the int check misses them; an Optional[int]
+# dataclass field is typed int by the snapshot already. Found by reading, in verl 0.9.1's
+# source, where each of the snapshot's untyped null-defaulted keys is used; matched by the
+# whole dotted key (lists such as global_profiler.steps are not counts, and are left out).
+NULL_DEFAULT_COUNTS = frozenset({
+    # trainer: total_training_steps stands in for len(dataloader) * total_epochs, is compared with
+    # global_steps and becomes optim.total_training_steps, an int (ray_trainer.py); a fraction for
+    # max_*_ckpt_to_keep fails checkpoint_manager.py's isinstance(.., int): every checkpoint is kept
+    "trainer.total_training_steps", "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep",
+    # data: DataLoader batch sizes (and `num_prompts % gen_batch_size`, range(.. // gen_batch_size)
+    # in v1/trainer_base.py); the shuffle seed goes to torch.Generator.manual_seed (ppo/utils.py)
+    "data.gen_batch_size", "data.val_batch_size", "data.seed",
+    # ref: renamed to ActorConfig's Optional[int] ppo_micro_batch_size(_per_gpu) (engine_workers.py)
+    "actor_rollout_ref.ref.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    # rollout.disaggregation: DisaggregationConfig's Optional[int] fields (built in RolloutConfig's
+    # __post_init__; the YAML section has no _target_, so the snapshot has no dataclass for it)
+    *(f"{rollout}.disaggregation.{k}" for rollout in ("actor_rollout_ref.rollout", "reward.reward_model.rollout")
+      for k in ("decode_tensor_model_parallel_size", "bootstrap_port")),
+    # legacy_reward_impl.yaml's reward_model / sandbox_fusion: copied as they are into reward.*'s
+    # int fields (reward.num_workers, reward.reward_model.nnodes, ...) by migrate_legacy_reward_impl
+    "reward_model.num_workers", "reward_model.n_gpus_per_node", "reward_model.nnodes",
+    *(f"reward_model.rollout.{k}" for k in (
+        "data_parallel_size", "expert_parallel_size", "tensor_model_parallel_size", "max_num_batched_tokens",
+        "max_model_len", "max_num_seqs", "limit_images", "prompt_length", "response_length")),
+    "sandbox_fusion.max_concurrent", "sandbox_fusion.memory_limit_mb",
+})
+
+
 def _type_error(spec: dict, value: Any, key: str = "") -> Optional[str]:
     """Why VALUE cannot be KEY's (SPEC's) value, or None. Lenient where verl is: null is
     always let through (verl's own checks decide; -1 sentinels are whole numbers), and a few
-    int-defaulted keys verl takes as any number (FRACTIONAL_OK) take a float."""
+    int-defaulted keys verl takes as any number (FRACTIONAL_OK) take a float. A null-defaulted
+    count (NULL_DEFAULT_COUNTS) is held to a whole number as an int-typed key is."""
     if value is None or _interpolated(value):
         return None
-    kind = spec["type"]
+    count = key in NULL_DEFAULT_COUNTS
+    kind = "int" if count else spec["type"]
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind == "bool" and not isinstance(value, bool):
         return f"must be true or false, got {value!r}"
     if kind in ("int", "float") and not number:
         return f"must be a number, got {value!r}"
-    if kind == "int" and isinstance(value, float) and whole_number_key(key, spec):
+    if kind == "int" and isinstance(value, float) and (count or whole_number_key(key, spec)):
         return f"must be a whole number, got {value!r}"
     if kind == "str" and isinstance(value, (dict, list)):
         return f"must be a single value, got {value!r}"

@@ -11,6 +11,7 @@ import pytest
 from conftest import RECIPES
 
 from launcher.verl_schema import FRACTIONAL_OK, snapshot_for, whole_number_key
+from launcher.verl_schema import NULL_DEFAULT_COUNTS
 
 DEMO = RECIPES / "sandbox-demo.yaml"
 GSM8K = RECIPES / "gsm8k-grpo.yaml"
@@ -72,6 +73,49 @@ def test_only_int_keys_are_held_to_whole_numbers():
     for name in FRACTIONAL_OK:
         found = [k for k, s in schema.keys.items() if k.rpartition(".")[2] == name and s["type"] == "int"]
         assert found and not any(k in whole for k in found if schema.keys[k]["from"] == "default"), name
+
+
+
+@pytest.mark.parametrize("override,shown", [
+    ("verl.overrides.trainer.total_training_steps=2.5", "2.5"),  # null by default: verl's step limit
+    ("verl.overrides.trainer.max_actor_ckpt_to_keep=1.5", "1.5"),  # verl: isinstance(.., int) or keep all
+    ("verl.overrides.data.gen_batch_size=64.0", "64.0"),
+    ("verl.overrides.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=0.5", "0.5"),
+    ("verl.overrides.actor_rollout_ref.rollout.disaggregation.decode_tensor_model_parallel_size=1.5", "1.5"),
+    ("verl.overrides.reward_model.rollout.tensor_model_parallel_size=2.5", "2.5"),  # the legacy section
+])
+def test_a_fraction_for_a_null_defaulted_count_is_refused(cli, clean_env, override, shown):
+    proc = cli("check", GSM8K, NO_VERL, override, env=clean_env)
+    key = override.split("=")[0]
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == f"error: command line: {key}: must be a whole number, got {shown}", proc.stderr
+
+
+@pytest.mark.parametrize("override", [
+    "verl.overrides.trainer.total_training_steps=3",
+    "verl.overrides.trainer.total_training_steps=null",
+    "verl.overrides.trainer.max_critic_ckpt_to_keep=-1",
+    "verl.overrides.data.seed=42",
+    "verl.overrides.algorithm.rollout_correction.rollout_rs_threshold=0.5",  # null-defaulted, not a count
+])
+def test_null_defaulted_counts_take_whole_numbers_and_null(cli, clean_env, override):
+    proc = cli("check", GSM8K, NO_VERL, override, env=clean_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_null_defaulted_counts_name_untyped_null_keys_of_the_snapshot():
+    schema, _ = snapshot_for("0.9.1")
+    for key in NULL_DEFAULT_COUNTS:  # a typo, or a key the snapshot types itself, fails here
+        assert key in schema.keys, key
+        assert schema.keys[key]["default"] is None and schema.keys[key]["type"] == "any", (key, schema.keys[key])
+    # the legacy reward keys: migrate_legacy_reward_impl copies each into an int field of reward.*
+    legacy = {"reward_model.num_workers": "reward.num_workers", "sandbox_fusion.": "reward.sandbox_fusion.",
+              "reward_model.rollout.": "reward.reward_model.rollout.", "reward_model.": "reward.reward_model."}
+    for key in NULL_DEFAULT_COUNTS:
+        old = next((o for o in legacy if key.startswith(o)), None)
+        if old:
+            new = legacy[old] + key[len(old):]
+            assert schema.keys[new]["type"] == "int", (key, new)
 
 
 def test_requeue_says_save_freq_must_be_whole(cli, clean_env):
