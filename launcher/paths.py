@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import glob as _glob
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -21,6 +23,29 @@ class RunPaths:
     PHASES = "phases.jsonl"  # the job's timestamped phase markers
     LOGS = "logs"  # Ray head/worker logs and the node list
     NODES = "nodes.txt"  # "hostname address" per node, under LOGS
+
+    # The job's own files, one name pattern each. {restart} is Slurm's restart count: a requeued
+    # job's files never overwrite the last run's. {node} is a node's name, {job} the job id.
+    # Python gets a file with file()/the accessors below, the job script its bash text with
+    # in_job(), and every run's files with glob()/latest(). All under LOGS unless in RUN_DIR_FILES.
+    RESTART_TAG = ".r{restart}"  # what sets one run's files apart; every per-restart name has it
+    STDOUT = "slurm-{job}.out"  # the batch script's output (Slurm's default name, --output)
+    HEAD_LOG = "ray-head.r{restart}.log"  # the head's Ray step (srun --output)
+    WORKER_LOG = "ray-worker-{node}.r{restart}.log"  # each worker's Ray (srun --output, node %N)
+    WORKERS_SRUN = "ray-workers-srun.r{restart}.log"  # srun's own messages for the workers' step
+    DRIVER_LOG = "driver.r{restart}.log"  # verl's driver output (also in the job's output)
+    RAY_STATE = "ray-state.r{restart}.json"  # the watchdog's what-runs-where (templates/watch_ray.py)
+    VERDICT = "verdict.r{restart}.txt"  # the watchdog's "PHASE<TAB>NODE<TAB>WHY" that ends the driver
+    ENGINE_DIED = "engine-died.r{restart}.txt"  # the watchdog's "NODE<TAB>vLLM's line": an engine died
+    LOST_NODES = "lost-nodes.r{restart}.txt"  # the watchdog's nodes Ray lost while the driver ran
+    # The allocation check's token, written in the run dir (and the checkpoint dir) and read on
+    # every node (templates/check_node.py), removed once read.
+    CHECK_TOKEN = ".verl-launch-check-{job}.r{restart}"
+    PER_RESTART = (HEAD_LOG, WORKER_LOG, WORKERS_SRUN, DRIVER_LOG, RAY_STATE, VERDICT, ENGINE_DIED,
+                   LOST_NODES, CHECK_TOKEN)
+    RUN_DIR_FILES = (STDOUT, CHECK_TOKEN)  # in the run directory itself, not under LOGS
+    # What the job script calls each field (templates/job/prologue.sh.j2 sets them).
+    JOB_FIELDS = (("restart", "$RESTART"), ("job", "$JOB_ID"))
     # Phases whose detail says why a run stopped early: the script's own errors, the driver's
     # last exception, the watchdog's verdict.
     STOP_PHASES = ("error", "driver-error", "hang", "ray-lost")
@@ -72,20 +97,71 @@ class RunPaths:
 
     def stdout(self, job_id: str) -> Path:
         """The batch script's output: Slurm's own default name, in the run directory."""
-        return self.run_dir / f"slurm-{job_id}.out"
+        return self.file(self.STDOUT, job=job_id)
 
     def head_log(self, restart: int = 0) -> Path:
-        return self.logs / f"ray-head.r{restart}.log"
+        return self.file(self.HEAD_LOG, restart)
 
     def worker_log(self, node: str, restart: int = 0) -> Path:
-        return self.logs / f"ray-worker-{node}.r{restart}.log"
+        return self.file(self.WORKER_LOG, restart, node=node)
 
     def driver_log(self, restart: int = 0) -> Path:
-        return self.logs / f"driver.r{restart}.log"
+        return self.file(self.DRIVER_LOG, restart)
 
     def ray_state(self, restart: int = 0) -> Path:
         """What the job's Ray runs where, written by the watchdog (templates/watch_ray.py)."""
-        return self.logs / f"ray-state.r{restart}.json"
+        return self.file(self.RAY_STATE, restart)
+
+    # ------------------------------------------------------------------ the job's own files by pattern
+    def where(self, pattern: str) -> Path:
+        """The directory a pattern's files are in: the run directory, or its logs/."""
+        return self.run_dir if pattern in self.RUN_DIR_FILES else self.logs
+
+    def file(self, pattern: str, restart: int = 0, **fields) -> Path:
+        """One run's file of PATTERN (a name constant above), e.g. ``file(VERDICT, 2)`` is
+        logs/verdict.r2.txt; ``file(WORKER_LOG, 1, node="n3")`` logs/ray-worker-n3.r1.log."""
+        return self.where(pattern) / pattern.format(restart=restart, **fields)
+
+    @classmethod
+    def in_job(cls, pattern: str, **fields: str) -> str:
+        """PATTERN as the job script's bash text: {restart} is ``$RESTART``, {job} ``$JOB_ID``;
+        any other field (node) is given as bash text: ``node="%N"`` in srun's --output, where
+        srun names each node's file, or a variable (``node="$1"``). E.g. ``in_job(DRIVER_LOG)``
+        is ``driver.r$RESTART.log``, ``in_job(WORKER_LOG, node="%N")`` ``ray-worker-%N.r$RESTART.log``.
+
+        The templates insert this raw (not through the ``q`` filter): it is the launcher's own
+        name, never a recipe's value, and its variables must expand inside double quotes. That
+        is safe because every name pattern holds only ``[A-Za-z0-9._-]`` and its placeholders
+        (checked at import, _check_names) and every field here is a plain variable or srun
+        pattern (checked below): no quote, space, glob or command substitution can reach bash."""
+        for name, text in fields.items():
+            if not _BASH_FIELD.fullmatch(str(text)):
+                raise ValueError(f"{name}={text!r} is not a plain bash variable or srun pattern")
+        try:
+            return pattern.format(**{**dict(cls.JOB_FIELDS), **fields})
+        except KeyError as e:
+            raise ValueError(f"in_job({pattern!r}) needs {e.args[0]}= (its bash text)") from None
+
+    @classmethod
+    def glob(cls, pattern: str, **fields) -> str:
+        """A glob for PATTERN's files: every field not given is ``*``, so ``glob(DRIVER_LOG)`` is
+        ``driver.r*.log`` (every run's), ``glob(WORKER_LOG, node="n3")`` ``ray-worker-n3.r*.log``.
+        Given values are glob-escaped (a node named ``a[1]`` matches only itself)."""
+        return pattern.format_map(_Glob({k: _glob.escape(str(v)) for k, v in fields.items()}))
+
+    def latest(self, pattern: str, **fields) -> Optional[Path]:
+        """The newest existing file of PATTERN (by mtime) in its directory, over every restart
+        (and every node unless ``node=`` is given); None if there is none yet.
+        E.g. ``latest(DRIVER_LOG)`` is the driver log of the job's latest run."""
+        newest = None
+        for f in self.where(pattern).glob(self.glob(pattern, **fields)):
+            try:
+                mtime = f.stat().st_mtime
+            except OSError:  # removed meanwhile
+                continue
+            if newest is None or mtime >= newest[0]:
+                newest = (mtime, f)
+        return newest[1] if newest else None
 
     # ------------------------------------------------------------------ reading a run
     def read_phases(self) -> list:
@@ -169,6 +245,34 @@ class SweepPaths:
 
     def write_record(self, record: dict) -> None:
         RunPaths(self.sweep_dir).write_record(record, self.RECORD)
+
+
+# A field given to in_job: a bash variable ($RESTART, $1, ${X}) or an srun filename pattern (%N).
+_BASH_FIELD = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*|\$[0-9]|\$\{[A-Za-z_][A-Za-z0-9_]*\}|%[A-Za-z]")
+_PLACEHOLDERS = ("restart", "node", "job")
+# A name: safe characters and placeholders, each placeholder ending the name or followed by a
+# character that cannot continue a bash variable's name ("$RESTART.log", never "$RESTART_x").
+_NAME = re.compile(r"(?:[A-Za-z0-9._-]|\{(?:%s)\}(?![A-Za-z0-9_]))+" % "|".join(_PLACEHOLDERS))
+
+
+class _Glob(dict):
+    def __missing__(self, key: str) -> str:
+        return "*"
+
+
+def _check_names() -> None:
+    """Every file name constant of RunPaths is safe unquoted inside bash's double quotes."""
+    names = {k: v for k, v in vars(RunPaths).items() if k.isupper() and isinstance(v, str)}
+    for k, v in names.items():
+        if not _NAME.fullmatch(v):
+            raise ValueError(f"RunPaths.{k} = {v!r}: a file name holds only [A-Za-z0-9._-] and "
+                             f"the placeholders {_PLACEHOLDERS}")
+    for v in RunPaths.PER_RESTART:
+        if RunPaths.RESTART_TAG not in v:
+            raise ValueError(f"{v!r} is per restart but lacks {RunPaths.RESTART_TAG!r}")
+
+
+_check_names()
 
 
 def _write_private(path: Path, text: str) -> None:
