@@ -2,14 +2,18 @@
 
 The flow, one module each: recipe (load + validate) -> overrides (verl's command line)
 -> plan (everything the job needs, worked out once) -> render (pure: plan in, script text
-out) -> slurm (the only module that runs Slurm commands) -> cli (thin).
+out) -> request (the dry-run) -> backends (Slurm or local; slurm.py is the only module that
+runs Slurm commands) -> runs (the run state) -> api (the one door) -> cli (prints it).
 """
 
 __version__ = "0.1.0"
 
+API = ("script", "check", "dryrun", "submit", "sweep", "runs", "run", "Run", "SweepRun", "Report", "image_import", "merge",
+       "merge_dryrun", "wait_merge")
+
 
 def __getattr__(name):  # the Python API, loaded on first use (the CLI does not pay for it)
-    if name in ("submit", "merge", "wait_merge", "Run"):
+    if name in API:
         from . import api
 
         return getattr(api, name)

@@ -1,51 +1,30 @@
-"""The Python API: what the command line does, as functions (the CLI is a thin shell over these).
+"""The Python API: the one door. Every command is a function here, and the CLI only prints what
+these return (TorchX's shape: `submit` is `schedule` of a `dryrun`).
 
     import launcher
-    run = launcher.submit("recipes/gsm8k-grpo.yaml", overrides=["cluster.nodes=4"])
-    run.wait()                      # "COMPLETED", ...
-    job = launcher.merge(run.run_dir)
-    print(job.result())             # the merged model's directory
+    print(launcher.check("recipes/gsm8k-grpo.yaml", ["cluster.nodes=4"]).verdict)
+    req = launcher.dryrun("recipes/gsm8k-grpo.yaml", ["cluster.nodes=4"])   # str(req): the command
+    run = launcher.submit(req)                                               # or submit(recipe, overrides)
+    run.wait(); run.status(); run.logs(); run.cancel(); run.merge()
+    sweep = launcher.sweep("recipes/gsm8k-grpo.yaml", ["verl.overrides.data.seed=1,2"])
+    launcher.runs(); launcher.run("12")
 
-Bad input raises the RecipeError the CLI turns into exit 2 (nothing written, nothing queued);
-a failed Slurm command raises SlurmError (exit 1).
+Bad input raises RecipeError (the CLI's exit 2: nothing written, nothing queued); a failed Slurm
+command, or a job that can never start, raises SlurmError (exit 1; 3 for `--wait`).
 """
 
 from __future__ import annotations
 
-import io
 import os
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import List, Mapping, Optional, TextIO
+from dataclasses import dataclass, field
+from typing import List, Mapping, Optional, TextIO, Tuple
 
-from .errors import RecipeError, SlurmError
+from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NEVER_STARTS, RecipeError, SlurmError  # noqa: F401
+from .state import never_starts_text  # noqa: F401
+from .slurm import TERMINAL  # noqa: F401
+from .api_runs import Run, SweepRun, image_import, merge, merge_dryrun, run, runs, served, wait_merge  # noqa: F401
 
-
-def prepare(recipe, overrides: List[str] = (), local: bool = False, check: bool = True,
-            environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None, start: str = "auto"):
-    """Everything `submit` does before it writes anything: load and check the recipe, the W&B
-    key and secrets, verl's own checks (reported on OUT), START (prior.STARTS: "fresh" refuses
-    an experiment that has checkpoints or an earlier W&B run, "resume" one with nothing to
-    resume from); returns (loaded, request), the request being the dry-run (its str is the
-    exact command, its script the exact text)."""
-    from . import prior
-    from .secrets import require
-    from .slurm import plan
-
-    if start not in prior.STARTS:
-        raise ValueError(f"start must be one of {prior.STARTS}, not {start!r}")
-    environ = os.environ if environ is None else environ
-    loaded = load(recipe, overrides, local, environ, notes=out)
-    require(loaded.recipe, environ)
-    if check:
-        preflight(loaded, environ, out if out is not None else io.StringIO())  # no reader: the report is dropped
-    had = prior.find(loaded.plan)
-    prior.enforce(had, start, str(loaded.recipe.source))
-    if out is not None and had.something():
-        print(f"start       {had.describe()}", file=out)
-    return loaded, plan(loaded)
+Line = Tuple[str, str]  # (label, text): one line of a report, printed as f"{label:<11} {text}"
 
 
 def load(recipe, overrides: List[str] = (), local: bool = False, environ: Optional[Mapping[str, str]] = None,
@@ -57,190 +36,229 @@ def load(recipe, overrides: List[str] = (), local: bool = False, environ: Option
     overrides = list(overrides)
     if not local:
         return load_recipe(recipe, overrides)
-    from .local import local_overrides
+    from .backends.local import local_overrides
 
     asked = load_recipe(recipe, overrides).recipe.cluster
     loaded = load_recipe(recipe, overrides + local_overrides(os.environ if environ is None else environ))
-    here = loaded.recipe.cluster
     for name in ("nodes", "gpus_per_node"):  # say what --local changes, rather than change it silently
-        if getattr(asked, name) != getattr(here, name) and notes is not None:
-            print(f"--local: cluster.{name}={getattr(here, name)} here (the recipe asks for {getattr(asked, name)})",
-                  file=notes)
+        if getattr(asked, name) != getattr(loaded.recipe.cluster, name) and notes is not None:
+            print(f"--local: cluster.{name}={getattr(loaded.recipe.cluster, name)} here (the recipe asks for "
+                  f"{getattr(asked, name)})", file=notes)
     return loaded
 
 
-def preflight(loaded, environ: Mapping[str, str], out: TextIO):
-    """verl's own checks, the version rules and the trace volume, reported on OUT; the CPU need
-    again, from the values verl resolved. Returns the Preflight."""
-    from . import preflight as pf
-    from .checks import check_capacity
-    from .verl_versions import rules_for
+def script(recipe, overrides: List[str] = (), local: bool = False, environ: Optional[Mapping[str, str]] = None,
+           notes: Optional[TextIO] = None) -> str:
+    """`verl-launch render`: the sbatch script of the recipe's plan, from the recipe's values
+    alone (no verl preflight: `dryrun` gives the script exactly as submit would send it)."""
+    from .render import render
 
-    r = loaded.recipe
-    pre = pf.run(r, environ)
-    print(f"preflight   {pre.status}: {pre.message}", file=out)
-    need = check_capacity(r, pre.config, loaded.blame)
-    if need:
-        print(f"cpus        {r.cluster.cpus_per_task} per node for Ray; {need.explain()}", file=out)
-    for rule in rules_for(r):
-        print(rule.line, file=out)
-    per_step = pf.trace_volume(r, pre.config)
-    if per_step is not None and r.trace.backend != "none":
-        how = ("every sample" if r.trace.max_samples_per_step_per_worker is None else
-               f"max_samples_per_step_per_worker={r.trace.max_samples_per_step_per_worker} per agent-loop worker")
-        print(f"traces      about {per_step} per training step ({how}, all rollouts of each)", file=out)
-        if per_step > r.trace.warn_traces_per_step:
-            print(f"WARNING     {per_step} traces per step is above trace.warn_traces_per_step="
-                  f"{r.trace.warn_traces_per_step}: set trace.max_samples_per_step_per_worker "
-                  "(verl's docs warn of tens of GB a day)", file=out)
-    return pre
+    return render(load(recipe, overrides, local, environ, notes).plan)
 
 
 @dataclass
-class Run:
-    """A submitted run: its job id and run directory, and what `status`, `logs`, `cancel` do."""
-    job_id: str
-    run_dir: str
+class Report:
+    """What `check` says, as data: its lines in order, verl's arguments, and the verdict."""
+    lines: List[Line]
+    verl_args: List[str] = field(default_factory=list)
+    refusal: Optional[RecipeError] = None  # what submit would refuse (a missing key, ...)
+    preflight: object = None  # preflight.Preflight
+    points: List[Tuple[int, str, str]] = field(default_factory=list)  # a sweep's: (point, experiment, overrides)
 
-    def _record(self) -> dict:
-        from . import registry
+    @property
+    def ok(self) -> bool:
+        return self.refusal is None
 
-        return registry.find(self.run_dir) or {"job_id": self.job_id, "run_dir": self.run_dir}
+    @property
+    def verdict(self) -> str:
+        if self.refusal is not None:
+            return f"error: {self.refusal}"
+        if self.points:
+            return f"ok: submit -m would queue this sweep ({len(self.points)} points)"
+        status = getattr(self.preflight, "status", "skipped")
+        return "ok: submit would queue this job" + ("" if status in ("ok", "skipped") else
+                                                    f" (launcher checks only: verl's {status})")
 
-    def state(self) -> str:
-        """Slurm's state (PENDING, RUNNING, COMPLETED, ...), or a local run's."""
-        from .jobs import _states
 
-        return _states([self._record()])[self.run_dir].get("state", "UNKNOWN")
+def check(recipe, overrides: List[str] = (), local: bool = False, environ: Optional[Mapping[str, str]] = None,
+          multirun: bool = False, max_points: int = 256, notes: Optional[TextIO] = None) -> Report:
+    """`verl-launch check`: everything submit checks, in the same order, and what would run.
+    Raises RecipeError for what refuses the recipe itself; what only submit would refuse (a
+    missing key) is the report's refusal, after what would run."""
+    from . import prior
+    from .secrets import SecretInRecipe, find_key, needs_key, require
+    from .summary import weigh
 
-    def status(self) -> dict:
-        """What `status --json` prints: state, phase, progress, why it stopped, exit code."""
-        from .jobs import _row, _states
+    environ = os.environ if environ is None else environ
+    if multirun:
+        return _check_sweep(recipe, overrides, local, environ, max_points)
+    loaded = load(recipe, overrides, local, environ, notes)
+    r = loaded.recipe
+    try:
+        require(r, environ)
+        refusal = None
+    except SecretInRecipe:  # at once: what would be shown holds the secret
+        raise
+    except RecipeError as e:  # shown last: what submit would say, after what it would run
+        refusal = e
+    try:
+        pre, plan = _verl(loaded, environ, True)
+    except RecipeError as e:
+        if refusal is None:
+            raise
+        return Report([("preflight", str(e))], refusal=refusal)
+    lines = verl_lines(plan, pre)
+    c = r.cluster
+    lines += [("recipe", r.source),
+              ("job", f"{r.job.name}: {c.nodes} node(s) x {c.gpus_per_node} GPU(s), {c.cpus_per_task} CPUs per node"
+                      + (f", requeue (USR1 {c.signal_seconds} s before the limit)" if c.requeue else "")),
+              ("entrypoint", f"{r.runtime.python} -m {r.verl.entrypoint}"), ("verl keys", loaded.verl_keys),
+              ("W&B", f"project={r.wandb.project} entity={r.wandb.entity or '(key default)'} "
+                      f"experiment={r.experiment} logging={'on' if r.wandb.enabled else 'off'}"),
+              ("trace", f"backend={r.trace.backend} token2text={r.trace.token2text} "
+                        f"max_samples_per_step_per_worker={r.trace.max_samples_per_step_per_worker}")]
+    if needs_key(r):
+        try:
+            src = find_key(r, environ)
+            lines.append(("W&B key", src.where if src else
+                          "MISSING: export WANDB_API_KEY, set wandb.api_key_file or use ~/.netrc"))
+        except RecipeError:  # a malformed key: the refusal says it
+            lines.append(("W&B key", "refused (see below)"))
+    lines += [("secret", f"{n}: {'set' if environ.get(n) else 'NOT SET in your environment'}") for n in r.secrets]
+    from .render import render
 
-        run = self._record()
-        return _row(run, _states([run])[self.run_dir])
+    lines += weigh(plan, prior.find(plan), None if local else render(plan), ask_slurm=not local)
+    return Report(lines, verl_args=list(plan.verl_args), refusal=refusal, preflight=pre)
 
-    def wait(self, poll: float = 5.0, timeout: Optional[float] = None) -> str:
-        """Until the run ends (or TIMEOUT seconds): its final state. A job that pends for a
-        reason that cannot clear by itself (slurm.never_starts) raises SlurmError, left queued."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        from .jobs import _states
-        from .slurm import TERMINAL, never_starts
 
-        while True:
-            info = _states([self._record()])[self.run_dir]
-            state = info.get("state", "UNKNOWN")
-            if state in TERMINAL or (deadline is not None and time.monotonic() > deadline):
-                return state
-            why = never_starts(info)
-            if why:
-                raise SlurmError(f"job {self.job_id} will not start: {why}; it stays queued "
-                                 f"(remove it: Run.cancel() or verl-launch cancel {self.job_id})")
-            time.sleep(poll)
+def _sweep_points(recipe, overrides, local, environ, max_points):
+    from . import sweeps
 
-    def cancel(self) -> None:
-        from . import slurm
+    extra = []
+    if local:
+        from .backends.local import local_overrides
 
-        if self._record().get("local"):
-            raise SlurmError(f"run {self.job_id} ran locally, not under Slurm")
-        slurm.cancel(self.job_id)
+        extra = local_overrides(environ)
+    return sweeps.load_points(recipe, list(overrides), extra, max_points=max_points)
 
-    def logs(self, driver: bool = False) -> str:
-        """The batch output (or the driver's log) as it is now."""
-        from .paths import RunPaths
 
-        p = RunPaths(Path(self.run_dir))
-        if driver:
-            logs = sorted(p.logs.glob("driver.r*.log"), key=lambda f: f.stat().st_mtime)
-            path = logs[-1] if logs else p.driver_log()
-        else:
-            path = p.stdout(self.job_id)
-        return path.read_text(errors="replace") if path.exists() else ""
+def _check_sweep(recipe, overrides, local, environ, max_points) -> Report:
+    from . import sweeps
+
+    sw = _sweep_points(recipe, overrides, local, environ, max_points)
+    sweeps.check(sw, environ)
+    r = sw.points[0].loaded.recipe
+    c = r.cluster
+    return Report([("recipe", r.source),
+                   ("sweep", f"{sw.name}: {len(sw.points)} points, one job array; each {c.nodes} node(s) x "
+                             f"{c.gpus_per_node} GPU(s)"),
+                   ("W&B", f"project={r.wandb.project} group={r.wandb.group} job_type={r.wandb.job_type}"),
+                   ("preflight", _sweep_verl_line(sw))],
+                  preflight=sw.points[0].preflight, points=[(p.number, p.experiment, p.label()) for p in sw.points])
+
+
+def _sweep_verl_line(sw) -> str:
+    pre = [p.preflight for p in sw.points if p.preflight is not None]
+    if not pre:
+        return "skipped (--no-check)"
+    first = pre[0]
+    return f"{first.status}: {first.message}" + (f" ({len(sw.points)} points, one verl process)"
+                                                 if first.status == "ok" else "")
+
+
+def _verl(loaded, environ, verl: bool):
+    """verl's own checks (VERL false: skipped, as --no-check), then the plan, resolved once with
+    what verl resolved: (Preflight or None, Plan)."""
+    from . import preflight as pf
+
+    pre = pf.run(loaded.recipe, environ) if verl else None
+    return pre, loaded.resolve(pre.config if pre is not None else None)
+
+
+def verl_lines(plan, pre) -> List[Line]:
+    """The preflight's report: verl's verdict, the CPU need, the version rules, the trace volume."""
+    from .verl_versions import rules_for
+
+    r = plan.recipe
+    lines: List[Line] = [("preflight", f"{pre.status}: {pre.message}")] if pre is not None else []
+    if plan.cpu_need:
+        lines.append(("cpus", f"{r.cluster.cpus_per_task} per node for Ray; {plan.cpu_need.explain()}"))
+    lines += [(rule.line[:11].rstrip(), rule.line[12:]) for rule in rules_for(r)]
+    per_step = plan.traces_per_step
+    if per_step is not None and r.trace.backend != "none":
+        cap = r.trace.max_samples_per_step_per_worker
+        how = "every sample" if cap is None else f"max_samples_per_step_per_worker={cap} per agent-loop worker"
+        lines.append(("traces", f"about {per_step} per training step ({how}, all rollouts of each)"))
+        if per_step > r.trace.warn_traces_per_step:
+            lines.append(("WARNING", f"{per_step} traces per step is above trace.warn_traces_per_step="
+                                     f"{r.trace.warn_traces_per_step}: set trace.max_samples_per_step_per_worker "
+                                     "(verl's docs warn of tens of GB a day)"))
+    return lines
+
+
+def dryrun(recipe, overrides: List[str] = (), local: bool = False, check: bool = True,
+           environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None, start: str = "auto",
+           multirun: bool = False, max_parallel: Optional[int] = None, max_points: int = 256):
+    """What `submit` would do, doing none of it: load and check the recipe, the W&B key and
+    secrets, verl's own checks (CHECK; reported on OUT), the plan resolved once after them, and
+    START (prior.STARTS: "fresh" refuses an experiment that has checkpoints or an earlier W&B
+    run, "resume" one with nothing to resume from). Returns the Request (request.py): its str
+    is the exact command, its script the exact text, its paths every file. MULTIRUN: a sweep."""
+    from . import prior
+    from . import request as rq
+    from .secrets import require
+
+    if start not in prior.STARTS:
+        raise ValueError(f"start must be one of {prior.STARTS}, not {start!r}")
+    environ = os.environ if environ is None else environ
+    if multirun:
+        if start != "auto":
+            raise RecipeError(f"--{start} is for one run, not a sweep (-m): each point is an experiment of its own",
+                              where="command line")
+        from . import sweeps
+
+        sw = _sweep_points(recipe, overrides, local, environ, max_points)
+        sweeps.check(sw, environ, verl=check)
+        if out is not None:
+            print(f"preflight   {_sweep_verl_line(sw)}", file=out)
+        return sweeps.request(sw, max_parallel, local)
+    if max_parallel:
+        raise RecipeError("--max-parallel is for a sweep (-m)", where="command line")
+    loaded = load(recipe, overrides, local, environ, notes=out)
+    require(loaded.recipe, environ)
+    pre, plan = _verl(loaded, environ, check)
+    if out is not None:
+        for label, text in verl_lines(plan, pre):
+            print(f"{label:<11} {text}", file=out)
+    had = prior.find(plan)
+    prior.enforce(had, start, str(loaded.recipe.source))
+    if out is not None and had.something():
+        print(f"start       {had.describe()}", file=out)
+    req = rq.for_run(plan, local)
+    req.warnings = list(loaded.warnings)
+    return req
 
 
 def submit(recipe, overrides: List[str] = (), local: bool = False, check: bool = True,
-           environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None, start: str = "auto") -> Run:
-    """`verl-launch submit`: check, write the run directory and sbatch it (LOCAL: run it here,
-    to the end). START: "auto" (verl's trainer.resume_mode decides), "fresh" or "resume" (as
-    --fresh/--resume: refused, RecipeError, where the experiment's past says otherwise).
-    Returns the Run."""
+           environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None, start: str = "auto"):
+    """`verl-launch submit`: RECIPE is a Request (dryrun's) or a recipe file, dry-run first with
+    the rest. Writes the run directory and hands it to the backend: Slurm queues it (returns at
+    once); local mode runs it here, to its end, its output on OUT. Returns the Run (a sweep's
+    Request: the SweepRun)."""
+    from . import backends
+    from .request import Request
+
     environ = os.environ if environ is None else environ
-    loaded, req = prepare(recipe, overrides, local, check, environ, out, start)
-    if local:
-        from . import local as local_mode
-
-        rec = local_mode.run(req, loaded.recipe, environ, out if out is not None else sys.stdout)
-        return Run(job_id=rec["job_id"], run_dir=rec["run_dir"])
-    from .slurm import schedule
-
-    done = schedule(req)
-    return Run(job_id=done.job_id, run_dir=str(done.paths.run_dir))
+    req = recipe if isinstance(recipe, Request) else dryrun(recipe, overrides, local, check, environ, out, start)
+    rec = backends.choose(req.local).schedule(req, environ, out)
+    return (SweepRun if req.is_sweep else Run)(job_id=rec["job_id"], run_dir=rec["run_dir"])
 
 
-def plan_merge(ref: str, step: str = "latest", target: Optional[str] = None, local: bool = False,
-               serve_check: bool = False) -> dict:
-    """What `merge` would submit, submitting nothing (`merge --dry-run`): the checkpoint, the
-    target, the job's memory and GPUs, the interpreter. Refuses (RecipeError) what cannot work:
-    a bad checkpoint or target, --serve-check with an interpreter that has no vLLM."""
-    from . import merge_job as m
-
-    ckpt, run = m.find(ref, str(step))
-    r = m.load_run_recipe(run)
-    tgt = m.target_for(ckpt, target)
-    spec = m.spec_for(ckpt, tgt, r, run)
-    spec.serve_check = serve_check
-    looked = None
-    if serve_check:
-        if spec.container:
-            looked = f"not checked here: the merge runs in the run's container ({r.container.image})"
-        elif m.has_vllm(spec.python) is False:
-            raise RecipeError(f"--serve-check loads the merged model in vLLM with the run's interpreter, and "
-                              f"{spec.python} has no vllm module (looked with that interpreter, here)"
-                              + ("" if run else "; give a run (its runtime.python) rather than a checkpoint"),
-                              where=m.CMDLINE)
-        else:
-            looked = f"vllm found by {spec.python}"
-    folder = (Path(run["run_dir"]) / "merge" if run else ckpt.root / ".verl-launch-merge") / f"step_{ckpt.step}"
-    return {"ckpt": ckpt, "run": run, "recipe": r, "spec": spec, "folder": folder, "local": local,
-            "gpus": m.serve_gpus(r, local) if serve_check else 0, "mem_gb": m.mem_gb(ckpt), "vllm": looked}
-
-
-def merge(ref: str, step: str = "latest", target: Optional[str] = None, local: bool = False,
-          serve_check: bool = False):
-    """`verl-launch merge`: the checkpoint of REF (a run's job id or directory, or a checkpoint
-    directory) merged into a Hugging Face model by verl's merger, as a one-node job submitted
-    with submitit (LOCAL: here, through submitit's local executor); SERVE_CHECK: then loaded in
-    vLLM, which must generate from the model's chat template. Returns the submitit job; its
-    result() is the target directory (use wait_merge to wait without accounting)."""
-    from . import merge_job as m
-
-    p = plan_merge(ref, step, target, local, serve_check)
-    ckpt, run, spec = p["ckpt"], p["run"], p["spec"]
-    p["folder"].mkdir(parents=True, exist_ok=True, mode=0o700)
-    job = m.executor(p["folder"], p["recipe"], ckpt, local, gpus=p["gpus"]).submit(m.run, spec)
-    job.verl_launch = {"job_id": str(job.job_id), "target": spec.target, "step": ckpt.step, "local": local,
-                       "checkpoint": str(ckpt.actor), "mem_gb": p["mem_gb"], "folder": str(p["folder"]),
-                       "gpus": p["gpus"], "serve_check": serve_check}
-    m.record(run, dict(job.verl_launch, submitted=time.time()))
-    return job
-
-
-def wait_merge(job, poll: float = 2.0, on_change=None) -> str:
-    """Wait for a merge job and return its target. Slurm's state comes from the launcher's own
-    queries (submitit's needs accounting: without slurmdbd it stays UNKNOWN); the result
-    then from submitit. Raises SlurmError if the job ended without one."""
-    from . import slurm
-
-    info = job.verl_launch
-    if not info["local"]:
-        from .paths import RunPaths
-
-        final = slurm.watch(info["job_id"], RunPaths(Path(info["folder"])), on_change or (lambda s: None), poll=poll)
-        if not job.paths.result_pickle.exists():
-            raise SlurmError(f"merge job {info['job_id']} ended {final.get('JobState')} without a result; "
-                             f"its output: {job.paths.stdout}")
-    try:
-        return job.result()
-    except Exception as e:  # submitit's FailedJobError: the traceback of the merge
-        raise SlurmError(f"merge job {info['job_id']} failed: {str(e).strip().splitlines()[-1]}; "
-                         f"its output: {job.paths.stdout}") from None
+def sweep(recipe, overrides: List[str] = (), local: bool = False, check: bool = True,
+          max_parallel: Optional[int] = None, max_points: int = 256, environ: Optional[Mapping[str, str]] = None,
+          out: Optional[TextIO] = None):
+    """`verl-launch submit -m`: Hydra's sweep grammar in OVERRIDES (lr=1e-6,1e-5 n=range(2,9,2))
+    expands to one run per point, all in one Slurm job array (LOCAL: one after another here).
+    Returns the SweepRun."""
+    return submit(dryrun(recipe, overrides, local, check, environ, out, multirun=True, max_parallel=max_parallel,
+                         max_points=max_points), environ=environ, out=out)

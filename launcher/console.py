@@ -6,6 +6,13 @@ from __future__ import annotations
 import sys
 
 
+def redact(text: str) -> str:
+    """TEXT without any secret's value (secrets.redact), for whatever the commands print."""
+    from .secrets import redact as without_secrets
+
+    return without_secrets(text)
+
+
 def fail(message: str, code: int) -> int:
     from .secrets import redact  # here: the CLI starts without the recipe model
 

@@ -84,7 +84,7 @@ def checkpoint_root(run: dict) -> Path:
 def find(ref: str, step: str = "latest"):
     """(the checkpoint, the run it belongs to or None) for RUN_DIR, JOB_ID or a checkpoint
     directory (verl's default_local_dir, one of its global_step_N, or that step's actor/)."""
-    from . import registry
+    from . import registry, state
 
     run = None
     path = Path(ref).expanduser()
@@ -95,7 +95,7 @@ def find(ref: str, step: str = "latest"):
     elif path.name.startswith("global_step_") and path.is_dir():
         root, step = path.parent, step if step != "latest" else path.name.split("_")[-1]
     else:
-        run = registry.find(ref)
+        run = state.find(ref)
         if run is None:
             raise RecipeError(f"{ref!r} is neither a run (job id or run directory in {registry.registry_file()}) "
                               "nor a checkpoint directory", where=CMDLINE)

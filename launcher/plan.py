@@ -1,6 +1,7 @@
 """The plan: everything a job needs, worked out once from a checked recipe, and never again.
-recipe.load makes it (Loaded.plan); render fills the job script from it alone; check, submit
-(and its dry-run), sweeps, local mode, merge and the Python API read the same values from it.
+api.dryrun resolves it once verl's preflight has said its word (with verl's own resolved values;
+recipe.load's Loaded.plan is the same without them, for `render`); render fills the job script
+from it alone; check, submit, sweeps, local mode and the Python API read the same values from it.
 Pure: no I/O.
 
 What is in it: the #SBATCH directives, verl's argument list, the job's environment and what it
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import node_checks
-from .checks import effective, stall_timeout
+from .checks import capacity, effective, stall_timeout, trace_volume
 from .overrides import verl_args
 from .schema import Recipe
 from .secrets import needs_key, wandb_host
@@ -27,8 +28,48 @@ RAY_FIXED_PORTS = 9  # GCS .. dashboard; the template lays them out, then the wo
 
 
 @dataclass(frozen=True)
+class Runtime:
+    """What each node runs, and how it gets there."""
+    source: str  # the recipe file (the script names it in a comment)
+    setup: Tuple[str, ...]  # runtime.setup lines
+    python: str
+    entrypoint: str
+    secrets: Tuple[str, ...]  # names of the variables the nodes need (never their values)
+    api_key_file: Optional[str]
+
+
+@dataclass(frozen=True)
+class Ray:
+    """The Ray cluster the job brings up across its nodes."""
+    nodes: int
+    gpus: int  # per node
+    cpus: int  # per node, for Ray
+    object_store_memory: Any
+    ready_timeout: Any
+    start_retries: int
+    monitor: Any
+    network_interface: str
+    port_min: int
+    worker_ports: int
+    gpu_vendor: str
+
+
+@dataclass(frozen=True)
+class Restarts:
+    requeue: bool
+    signal_seconds: int
+    max_restarts: int
+    pending_timeout: Any
+
+
+@dataclass(frozen=True)
 class Plan:
     recipe: Recipe
+    runtime: Runtime
+    ray: Ray
+    restarts: Restarts
+    on_unreachable: str  # trace.on_unreachable
+    reach_weave: bool  # the in-job reachability check asks Weave too
     directives: Tuple[str, ...]
     verl_args: Tuple[str, ...]
     env: Tuple[Tuple[str, str], ...]  # the recipe's env and what the launcher adds (NCCL_/GLOO_SOCKET_IFNAME)
@@ -46,17 +87,34 @@ class Plan:
     gpu_clear: Tuple[str, ...]  # other vendors' GPU variables Slurm may set
     exclude_bad_nodes: bool  # requeue without a node the failure is put down to
     stall_timeout: str  # the watchdog's: "auto", "off" or seconds (checks.stall_timeout)
-    resume_mode: str = "auto"  # verl's trainer.resume_mode (launcher.prior: what a submit starts from)
+    resume_mode: str  # verl's trainer.resume_mode (launcher.prior: what a submit starts from)
+    verl: Dict[str, Any]  # verl's effective values (checks.effective): overrides, derived, verl's own
+    verl_resolved: bool  # verl's preflight gave its resolved values (else the recipe's alone)
+    cpu_need: Any  # what verl's Ray actors hold per node (verl_resources.Need; None: not verl)
+    traces_per_step: Optional[int]  # rollout traces per training step (None: unknown; 0: no tracing)
 
 
-def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = None) -> Plan:
+def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = None,
+            verl: Optional[Dict[str, Any]] = None) -> Plan:
     """The plan of a checked recipe (recipe.load has run its checks; ARGS: verl's argument list,
-    if it has already made it)."""
-    v = effective(r, blame=blame)
+    if it has already made it; VERL: the values verl's preflight resolved, if it ran). Refuses
+    (RecipeError) fewer CPUs per node than verl's actors hold there."""
+    v = effective(r, verl, blame=blame)
     ckpt = node_checks.checkpoint_dir(v)
     spec = node_checks.spec(r, v, ckpt)
+    c = r.cluster
     return Plan(
         recipe=r,
+        runtime=Runtime(source=r.source, setup=tuple(r.runtime.setup), python=r.runtime.python,
+                        entrypoint=r.verl.entrypoint, secrets=tuple(r.secrets), api_key_file=r.wandb.api_key_file),
+        ray=Ray(nodes=c.nodes, gpus=c.gpus_per_node, cpus=c.cpus_per_task, object_store_memory=c.object_store_memory,
+                ready_timeout=c.ready_timeout, start_retries=c.ray_start_retries, monitor=c.ray_monitor,
+                network_interface=c.network_interface or "", port_min=c.port_range[0], worker_ports=c.worker_ports,
+                gpu_vendor=c.gpu_vendor),
+        restarts=Restarts(requeue=c.requeue, signal_seconds=c.signal_seconds, max_restarts=c.max_restarts,
+                          pending_timeout=c.pending_timeout),
+        on_unreachable=r.trace.on_unreachable,
+        reach_weave=r.trace.backend == "weave",
         directives=tuple(directives(r)),
         verl_args=tuple(verl_args(r, blame) if args is None else args),
         env=tuple(job_env(r)),
@@ -75,6 +133,10 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
         exclude_bad_nodes=r.cluster.requeue and r.cluster.exclude_bad_nodes is not False,
         stall_timeout=stall_timeout(r.cluster.stall_timeout),
         resume_mode=str(v.get("trainer.resume_mode") or "auto"),
+        verl=v,
+        verl_resolved=verl is not None,
+        cpu_need=capacity(r, v, blame),
+        traces_per_step=trace_volume(r, v),
     )
 
 

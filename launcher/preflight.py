@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from . import preflight_cache
-from .checks import is_verl, verl_settings, whole
-from .verl_resources import DEFAULTS
+from .checks import is_verl
 from .errors import RecipeError
 from .overrides import verl_args
 from .schema import Recipe
@@ -159,18 +158,3 @@ def _verdict(r: Recipe, ask: _Ask, res: dict, cached: bool) -> Preflight:
     return Preflight("ok", f"verl {version} with {python}: composed, validated, dataclasses built{note}",
                      verl_version=version, config=res.get("config") or {})
 
-
-def trace_volume(r: Recipe, resolved: Optional[Dict[str, Any]] = None) -> Optional[int]:
-    """Traces per training step: every sample, or max_samples_per_step_per_worker per
-    agent-loop worker, each with all its rollout.n rollouts. None when unknown."""
-    if r.trace.backend == "none":
-        return 0
-    v = {**DEFAULTS, **verl_settings(r), **{k: x for k, x in (resolved or {}).items() if x is not None}}
-    n, workers = v["actor_rollout_ref.rollout.n"], v["actor_rollout_ref.rollout.agent.num_workers"]
-    batch = v.get("data.train_batch_size")
-    cap = r.trace.max_samples_per_step_per_worker
-    if not (whole(n) and whole(workers)):
-        return None  # not numbers verl would accept: its own checks say so
-    if not whole(batch):
-        return None if cap is None else cap * workers * n
-    return batch * n if cap is None else min(cap * workers, batch) * n

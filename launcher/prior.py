@@ -55,7 +55,7 @@ class Prior:
 
 
 def find(plan, registry_runs: Optional[List[dict]] = None) -> Prior:
-    """The Prior of a plan (slurm.plan's Plan); REGISTRY_RUNS: the registry's (registry.runs()).
+    """The Prior of a plan (plan.Plan); REGISTRY_RUNS: the registry's (registry.runs()).
     A record from before runs kept wandb_enabled counts as logging to W&B (the default)."""
     from .registry import runs as all_runs
 

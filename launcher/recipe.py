@@ -39,10 +39,23 @@ class Loaded:
     config: DictConfig  # the composed, validated config
     blame: Any = None  # dotted key -> where it was set (the recipe file or the command line)
     verl_keys: str = ""  # how verl's keys were checked (against which snapshot of its config)
-    plan: Optional[Plan] = None  # everything the job needs, worked out once (plan.py)
     # What is worth saying but not refusing (a verl-key problem for an entrypoint that is not
     # verl's own): each line is also written to stderr, once per process.
     warnings: List[str] = dataclasses.field(default_factory=list)
+    verl_args: List[str] = dataclasses.field(default_factory=list)  # verl's command line, made once
+    _plan: Optional[Plan] = None
+
+    def resolve(self, verl: Optional[dict] = None) -> Plan:
+        """The plan (plan.py), with VERL, what verl's preflight resolved (api.dryrun does this
+        once, after the preflight)."""
+        return resolve_plan(self.recipe, self.blame, self.verl_args, verl)
+
+    @property
+    def plan(self) -> Plan:
+        """The plan from the recipe's values alone (no verl preflight): what `render` prints."""
+        if self._plan is None:
+            self._plan = self.resolve()
+        return self._plan
 
 
 _VERL_PREFIX = "verl.overrides."
@@ -118,8 +131,7 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     keys = check(recipe, blame, warn=found.append)
     said = [verl_keys_warning(e, recipe.verl.entrypoint) for e in found]
     _say(said)
-    return Loaded(recipe=recipe, config=merged, blame=blame, verl_keys=keys, plan=resolve_plan(recipe, blame, args),
-                  warnings=said)
+    return Loaded(recipe=recipe, config=merged, blame=blame, verl_keys=keys, warnings=said, verl_args=args)
 
 
 _SAID: set = set()

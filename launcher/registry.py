@@ -1,5 +1,6 @@
 """The run registry: one JSON line per submitted run, so that `list` and `status` know a
-user's runs without asking Slurm to search. It runs no Slurm command."""
+user's runs without asking Slurm to search. It runs no Slurm command; state.find is the one
+lookup of a run in it."""
 
 from __future__ import annotations
 
@@ -39,16 +40,3 @@ def runs() -> List[dict]:
         if isinstance(run, dict) and isinstance(run.get("run_dir", ""), str):
             out.append(run)
     return out
-
-
-def find(ref: str) -> Optional[dict]:
-    """The newest run whose job id is ``ref``, or whose run directory is ``ref``."""
-    path = os.path.abspath(ref) if ("/" in ref or os.path.isdir(ref)) else None
-    for run in reversed(runs()):
-        if run.get("job_id") == ref or (path and run.get("run_dir") == path):
-            return run
-    for name in ("run.json", "sweep.json"):  # a run (or sweep) dir from elsewhere
-        if path and os.path.isfile(os.path.join(path, name)):
-            with open(os.path.join(path, name)) as f:
-                return json.load(f)
-    return None

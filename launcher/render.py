@@ -43,25 +43,25 @@ def _env() -> jinja2.Environment:
 
 def render(p: Plan) -> str:
     """The complete sbatch script for plan ``p`` (recipe.load's Loaded.plan)."""
-    r, c = p.recipe, p.recipe.cluster
+    rt, ray, rs = p.runtime, p.ray, p.restarts
     ctx = dict(
-        version=__version__, recipe_file=_comment_safe(r.source), paths=RunPaths,
-        directives=p.directives, setup=r.runtime.setup, python=r.runtime.python, entrypoint=r.verl.entrypoint,
-        env=p.env, wandb_needed=p.wandb_needed, api_key_file=r.wandb.api_key_file, wandb_host=p.wandb_host,
-        secrets=r.secrets, wandb_env=p.wandb_env, verl_args=p.verl_args,
-        nodes=c.nodes, gpus=c.gpus_per_node, cpus=c.cpus_per_task, object_store_memory=c.object_store_memory,
-        ready_timeout=c.ready_timeout, ray_start_retries=c.ray_start_retries, ray_monitor=c.ray_monitor,
-        requeue=c.requeue, exclude_bad_nodes=p.exclude_bad_nodes,
-        signal_seconds=c.signal_seconds, max_restarts=c.max_restarts,
-        network_interface=c.network_interface or "", port_min=c.port_range[0], worker_ports=c.worker_ports,
+        version=__version__, recipe_file=_comment_safe(rt.source), paths=RunPaths,
+        directives=p.directives, setup=rt.setup, python=rt.python, entrypoint=rt.entrypoint,
+        env=p.env, wandb_needed=p.wandb_needed, api_key_file=rt.api_key_file, wandb_host=p.wandb_host,
+        secrets=rt.secrets, wandb_env=p.wandb_env, verl_args=p.verl_args,
+        nodes=ray.nodes, gpus=ray.gpus, cpus=ray.cpus, object_store_memory=ray.object_store_memory,
+        ready_timeout=ray.ready_timeout, ray_start_retries=ray.start_retries, ray_monitor=ray.monitor,
+        requeue=rs.requeue, exclude_bad_nodes=p.exclude_bad_nodes,
+        signal_seconds=rs.signal_seconds, max_restarts=rs.max_restarts,
+        network_interface=ray.network_interface, port_min=ray.port_min, worker_ports=ray.worker_ports,
         port_slots=p.port_slots, wait_ready_py=_embedded("wait_ready.py"), container_args=p.container_args,
-        reach_timeout=p.reach_timeout, on_unreachable=r.trace.on_unreachable,
-        reach_weave="weave" if r.trace.backend == "weave" else "-", reach_wandb_py=_embedded("reach_wandb.py"),
-        gpu_vendor=c.gpu_vendor, gpu_clear=p.gpu_clear,
+        reach_timeout=p.reach_timeout, on_unreachable=p.on_unreachable,
+        reach_weave="weave" if p.reach_weave else "-", reach_wandb_py=_embedded("reach_wandb.py"),
+        gpu_vendor=ray.gpu_vendor, gpu_clear=p.gpu_clear,
         node_check=p.node_check if p.node_check_needed else None, node_check_spec=p.node_check_json,
         check_node_py=_embedded("check_node.py"), keep_checkpoints=p.keep_checkpoints,
         node_check_ckpt=p.checkpoint_dir or "", secret_name_re=SECRET_NAME.pattern,
-        pending_timeout=c.pending_timeout, stall_timeout=p.stall_timeout, watch_ray_py=_embedded("watch_ray.py"),
+        pending_timeout=rs.pending_timeout, stall_timeout=p.stall_timeout, watch_ray_py=_embedded("watch_ray.py"),
     )
     return _env().get_template(TEMPLATE).render(ctx)
 
@@ -74,7 +74,7 @@ def render_array(p: Plan, name: str, count: int, max_parallel=None) -> str:
     lines += [f"--output={SweepPaths.OUTPUT}",
               f"--array=0-{count - 1}" + (f"%{max_parallel}" if max_parallel else "")]
     return _env().get_template(SWEEP_TEMPLATE).render(
-        version=__version__, recipe_file=_comment_safe(p.recipe.source), name=name, count=count,
+        version=__version__, recipe_file=_comment_safe(p.runtime.source), name=name, count=count,
         directives=lines, paths=RunPaths)
 
 

@@ -1,116 +1,26 @@
-"""Slurm: the only module that runs Slurm commands.
-
-``submit`` is ``schedule(plan(...))``: ``plan`` is the dry-run, a request whose ``str`` is
-the exact command and whose script is the exact text that would be submitted.
+"""Slurm: the only module that runs Slurm commands (sbatch, scontrol, sacct, scancel), and
+what their answers mean (states, pending reasons). Nothing here writes a run directory or knows
+a recipe: backends/slurm.py schedules a Request through ``sbatch`` and watches it through
+``states`` / ``job_info``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 import re
-import secrets as _random
-import shlex
 import shutil
 import subprocess
 import tempfile
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Mapping, Optional, Tuple
 
-from omegaconf import OmegaConf
-
-from .errors import RecipeError, SlurmError
-from . import registry
+from .errors import SlurmError
 from .paths import RunPaths
-from .recipe import Loaded
-from .render import render
 
 
-@dataclass
-class SubmitRequest:
-    paths: RunPaths
-    script: str
-    recipe_yaml: str
-    command: List[str] = field(default_factory=lambda: ["sbatch", "--parsable", RunPaths.SCRIPT])
-    meta: dict = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        return f"cd {shlex.quote(str(self.paths.run_dir))} && {shlex.join(self.command)}"
-
-
-@dataclass
-class Submitted:
-    job_id: str
-    paths: RunPaths
-
-    def as_dict(self) -> dict:
-        p = self.paths
-        return {"job_id": self.job_id, "run_dir": str(p.run_dir), "script": str(p.script),
-                "stdout": str(p.stdout(self.job_id)), "logs": str(p.logs), "phases": str(p.phases)}
-
-
-def plan(loaded: Loaded, now: Optional[float] = None, run_dir: Optional[Path] = None) -> SubmitRequest:
-    """The dry-run: what would be written where, and the command that would run."""
-    r = loaded.recipe
-    now = time.time() if now is None else now
-    if run_dir is None:
-        run_dir = runs_dir(r) / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{_random.token_hex(2)}"
-    meta = {"recipe": r.source, "job_name": r.job.name, "experiment": r.experiment,
-            "project": r.wandb.project, "entity": r.wandb.entity, "nodes": r.cluster.nodes,
-            "gpus_per_node": r.cluster.gpus_per_node, "wandb_base_url": r.wandb.base_url, "created": now,
-            "wandb_enabled": r.wandb.enabled, "trace_backend": r.trace.backend}
-    return SubmitRequest(paths=RunPaths(run_dir), script=render(loaded.plan),
-                         recipe_yaml=resolved_yaml(r), meta=meta)
-
-
-def runs_dir(r) -> Path:
-    """Where the recipe's runs go: paths.runs/<job.name>, absolute."""
-    runs = Path(os.path.expanduser(r.paths.runs))
-    return (runs if runs.is_absolute() else Path.cwd() / runs) / r.job.name
-
-
-def resolved_yaml(r) -> str:
-    """The recipe as the launcher understood it: composed, overridden, defaults filled in."""
-    data = dataclasses.asdict(r)
-    return f"# composed from {r.source}\n" + OmegaConf.to_yaml(OmegaConf.create(data))
-
-
-def schedule(req: SubmitRequest, environ: Optional[Mapping[str, str]] = None) -> Submitted:
-    """Write the run directory (0700, files 0600) and run sbatch in it."""
-    p = req.paths
-    _need(req.command[0], environ)
-    p.create(req.script, req.recipe_yaml)
-    with _undone(p.run_dir):
-        job_id = _sbatch(req.command, p.run_dir, environ)
-    record_run(req, job_id)
-    return Submitted(job_id=job_id, paths=p)
-
-
-def schedule_sweep(req, environ: Optional[Mapping[str, str]] = None) -> dict:
-    """A sweep (sweep.SweepRequest): its directory, every point's run directory, one sbatch
-    of the job array; then each point in the registry as ARRAY_i, and the sweep itself."""
-    from .paths import SweepPaths
-
-    _need(req.command[0], environ)
-    sp = SweepPaths(req.sweep_dir)
-    sp.create(req.script)
-    with _undone(sp.sweep_dir):
-        for point in req.requests:
-            point.paths.create(point.script, point.recipe_yaml)
-        job_id = _sbatch(req.command, sp.sweep_dir, environ)
-    for i, point in enumerate(req.requests):
-        record_run(point, f"{job_id}_{i}", array_job_id=job_id)
-    record = req.record(job_id)
-    sp.write_record(record)
-    registry.record({k: v for k, v in record.items() if k != "points"})
-    return record
-
-
-def _need(command: str, environ: Optional[Mapping[str, str]] = None) -> None:
+def need(command: str, environ: Optional[Mapping[str, str]] = None) -> None:
     if shutil.which(command) is None:
         raise SlurmError(f"{command} not found on PATH: run this on a Slurm login node")
     conf = (os.environ if environ is None else environ).get("SLURM_CONF")
@@ -118,17 +28,9 @@ def _need(command: str, environ: Optional[Mapping[str, str]] = None) -> None:
         raise SlurmError(f"SLURM_CONF={conf}: no such file (unset it, or point it at slurm.conf)")
 
 
-@contextmanager
-def _undone(directory: Path):
-    """What was written under DIRECTORY goes if sbatch fails: nothing half-written is left."""
-    try:
-        yield
-    except BaseException:
-        shutil.rmtree(directory, ignore_errors=True)
-        raise
-
-
-def _sbatch(command: List[str], cwd: Path, environ: Optional[Mapping[str, str]]) -> str:
+def sbatch(command: List[str], cwd: Path, environ: Optional[Mapping[str, str]] = None) -> str:
+    """Run COMMAND (sbatch --parsable ...) in CWD; the job id it printed."""
+    need(command[0], environ)
     try:
         proc = subprocess.run([shutil.which(command[0]) or command[0], *command[1:]], cwd=cwd, capture_output=True,
                               text=True, env=dict(environ) if environ is not None else None,
@@ -143,21 +45,27 @@ def _sbatch(command: List[str], cwd: Path, environ: Optional[Mapping[str, str]])
     return job_id
 
 
-def record_run(req: SubmitRequest, job_id: str, **extra) -> dict:
-    """run.json in the run directory, and a line in the registry."""
-    record = dict(req.meta, job_id=job_id, run_dir=str(req.paths.run_dir), command=str(req),
-                  submitted=time.time())
-    record.update(extra)  # a local run names its own command and runner
-    req.paths.write_record(record)
-    registry.record(record)
-    return record
+def cluster_name(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """This cluster's ClusterName, read from slurm.conf ($SLURM_CONF, else /etc/slurm/slurm.conf)
+    without asking slurmctld; None where it cannot be read. Job ids repeat across clusters (and
+    after a cluster's state is reset), so a run is known by this name and its job id."""
+    return _cluster_name((os.environ if environ is None else environ).get("SLURM_CONF") or "/etc/slurm/slurm.conf")
 
 
-def submit(loaded: Loaded, environ: Optional[Mapping[str, str]] = None) -> Submitted:
-    return schedule(plan(loaded), environ)
+@functools.lru_cache(maxsize=8)
+def _cluster_name(path: str) -> Optional[str]:
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = re.match(r"\s*ClusterName\s*=\s*(\S+)", line, re.I)
+                if m:
+                    return m.group(1).lower()  # Slurm lower-cases it too
+    except OSError:
+        pass
+    return None
 
 
-# ----------------------------------------------------------------------------- watching
+# ----------------------------------------------------------------------------- states and reasons
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 
@@ -223,13 +131,6 @@ def reason_of(value: Optional[str]) -> Optional[str]:
     return None if value in (None, "", "None", "(null)") else value
 
 
-def shown_phase(phase: Optional[str], progress: Optional[str]) -> Optional[str]:
-    """The job's phase as a person reads it: 'training' once the driver reports training steps."""
-    if phase == "driver-start" and progress and re.search(r"\btraining step \d", progress):
-        return "training"
-    return phase
-
-
 def ended(info: dict) -> bool:
     """A terminal state; a preempted job that Slurm will requeue is not over."""
     state = info.get("JobState", "UNKNOWN")
@@ -255,71 +156,6 @@ def _fields(line: str) -> dict:
     return info
 
 
-def watch(job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: Optional[float] = None,
-          stop_if_never_starts: bool = False) -> dict:
-    """Poll one job (one scontrol call per ``poll`` seconds) until it ends; call
-    ``on_change(state_text)`` whenever the Slurm state or the job's phase changes. With
-    ``stop_if_never_starts``, also return (the job still PENDING) once it pends for a reason
-    that cannot clear by itself (``never_starts``)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    last = None
-    misses = 0
-    while True:
-        info = job_info(job_id)
-        if info is None and misses < 5:  # a busy slurmctld times out now and then
-            misses += 1
-            time.sleep(poll)
-            continue
-        misses = 0
-        info = info or {"JobState": "UNKNOWN"}
-        state = info.get("JobState", "UNKNOWN")
-        text = state
-        if info.get("Restarts", "0") != "0":
-            text += f" [restart {info['Restarts']}]"
-        if state == "PENDING" and reason_of(info.get("Reason")):
-            text += f" ({info['Reason']})"
-        phase = paths.last_phase()
-        if state == "RUNNING" and phase:
-            progress = paths.progress(phase.get("restart", 0)) if phase["phase"] == "driver-start" else None
-            text += f": {shown_phase(phase['phase'], progress)}" + (f" ({phase['detail']})" if phase.get("detail") else "")
-            text += f" - {progress}" if progress else ""  # what the driver's Ray work is doing
-        if text != last:
-            on_change(text)
-            last = text
-        if ended(info) or state == "UNKNOWN":
-            return info
-        if stop_if_never_starts and never_starts(info):
-            return info
-        if deadline is not None and time.monotonic() > deadline:
-            return info
-        time.sleep(poll)
-
-
-def watch_many(runs: List[dict], on_change, poll: float = 5.0, timeout: Optional[float] = None,
-               stop_if_never_starts: bool = False) -> dict:
-    """Poll many runs (a sweep's points; one `states` call per ``poll`` seconds) until every
-    one has ended; call ``on_change({state: count})`` when the counts change. Returns the
-    state by run dir. With ``stop_if_never_starts``, also return once every point still
-    waiting is PENDING for a reason that cannot clear by itself (``never_starts``)."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    last = None
-    while True:
-        infos = states(runs)
-        now = {d: info.get("state", "UNKNOWN") for d, info in infos.items()}
-        counts: dict = {}
-        for state in now.values():
-            counts[state] = counts.get(state, 0) + 1
-        if counts != last:
-            on_change(counts)
-            last = counts
-        if all(s in TERMINAL for s in now.values()) or (deadline is not None and time.monotonic() > deadline):
-            return now
-        waiting = [info for info in infos.values() if info.get("state") not in TERMINAL]
-        if stop_if_never_starts and all(never_starts(info) for info in waiting):
-            return now
-        time.sleep(poll)
-
-
 # ----------------------------------------------------------------------------- many runs at once
 SACCT_FIELDS = "JobID,State,ExitCode,WorkDir,Start,End,Submit"
 _CHUNK = 300  # job ids per sacct call: bounded command lines, bounded calls
@@ -328,7 +164,7 @@ _CHUNK = 300  # job ids per sacct call: bounded command lines, bounded calls
 def _run(cmd: List[str], timeout_ok: bool = False) -> Optional[subprocess.CompletedProcess]:
     """A Slurm query; a missing command is an error, and so is a timeout unless the caller
     polls anyway (``timeout_ok``: then None)."""
-    _need(cmd[0])
+    need(cmd[0])
     try:
         return subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
     except FileNotFoundError:
@@ -492,7 +328,7 @@ def node_room(part: dict) -> Tuple[Optional[int], str]:
 def test_only(script: str) -> Tuple[bool, str]:
     """``sbatch --test-only`` on a job script's text (its directives; nothing is queued):
     (True, when Slurm would start it) or (False, Slurm's refusal)."""
-    _need("sbatch")
+    need("sbatch")
     with tempfile.TemporaryDirectory(prefix="verl-launch-test-only-") as cwd:
         try:
             proc = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True,

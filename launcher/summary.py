@@ -67,12 +67,13 @@ def _trainer(r, verl_args) -> Optional[str]:
     return f"{r.verl.entrypoint}, verl's V1 trainer (verl's default: with trace.backend=none nothing needs the legacy one)"
 
 
-def weigh(loaded, script: Optional[str] = None, ask_slurm: bool = True) -> List[Line]:
-    """The lines `check` prints before its verdict (SCRIPT: the rendered job script, for
-    `sbatch --test-only`; ASK_SLURM false: nothing is asked of Slurm, as for --local)."""
-    from . import prior, slurm
+def weigh(plan, had, script: Optional[str] = None, ask_slurm: bool = True) -> List[Line]:
+    """The lines `check` prints before its verdict, of PLAN (plan.Plan) and HAD (what the
+    experiment already has: prior.find); SCRIPT: the rendered job script, for
+    `sbatch --test-only`; ASK_SLURM false: nothing is asked of Slurm, as for --local."""
+    from . import slurm
 
-    r, plan = loaded.recipe, loaded.plan
+    r = plan.recipe
     c = r.cluster
     lines: List[Line] = []
     part, parts, slurm_said, unknown = None, [], None, []
@@ -104,7 +105,7 @@ def weigh(loaded, script: Optional[str] = None, ask_slurm: bool = True) -> List[
     if r.verl.version and plan.node_check.get("verl_version"):
         lines.append(("verl", f"{r.verl.version} (verl.version): confirmed on every node at job start"
                               + (", in the container" if r.container.image else "")))
-    lines.append(("start", prior.find(plan).describe()))
+    lines.append(("start", had.describe()))
     lines += [("WARNING", u) for u in unknown]
     room = [slurm.node_room(p) for p in parts]
     if parts and all(n is not None and c.nodes > n for n, _ in room):

@@ -178,11 +178,11 @@ def test_the_launchers_stand_in_says_it_is_not_checked(cli, clean_env):
 
 
 def test_the_python_api_warns_too(clean_env, tmp_path, capfd):
-    from launcher import api
+    import launcher
 
-    loaded, _ = api.prepare(str(GSM8K), [NO_VERL, DAPO, "verl.overrides.trainer.totl_epochs=2"],
-                            check=False, environ=clean_env)
-    assert len(loaded.warnings) == 1 and "trainer.totl_epochs" in loaded.warnings[0]
+    req = launcher.dryrun(str(GSM8K), [NO_VERL, DAPO, "verl.overrides.trainer.totl_epochs=2"],
+                          check=False, environ=clean_env)
+    assert len(req.warnings) == 1 and "trainer.totl_epochs" in req.warnings[0]
     assert "did you mean trainer.total_epochs?" in capfd.readouterr().err
 
 

@@ -189,7 +189,7 @@ def test_local_sweep_list_without_slurm_and_merge_before_a_checkpoint(cli, clean
     # the sweep's status: each point's last step, after the end
     sweep_dir = rows[0]["run_dir"]
     table = cli("status", sweep_dir, env=bare).stdout
-    assert re.search(r"^\s+0\s.*COMPLETED.*\s2/2\s", table, re.M), table
+    assert re.search(r"^\s+1\s.*COMPLETED.*\s2/2\s", table, re.M), table  # points count 1..N (issue 29)
     # merge before any checkpoint (the demo saves none): no --step suggestion, where it looked
     point = rows[0]["points"][0]
     merge = cli("merge", point["job_id"], "--local", env=bare)

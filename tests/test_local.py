@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from conftest import RECIPES
-from launcher.local import MARKER
+from launcher.backends.local import MARKER
 
 PHASES = ["start", "nodes", "inputs-check", "head-up", "workers-up", "ready", "driver-start", "driver-end", "teardown"]
 

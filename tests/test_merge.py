@@ -101,7 +101,7 @@ def test_merge_on_slurm_with_submitit_and_the_python_api(checkpoints, sandbox, c
     """A run submitted from Python, its checkpoint merged on the sandbox's Slurm by submitit;
     the state comes right with or without accounting (submitit alone says UNKNOWN without it)."""
     import launcher
-    from launcher.jobs import _merges
+    from launcher.state import merges as _merges
 
     for k, v in sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state"))).items():
         monkeypatch.setenv(k, v)
@@ -120,7 +120,7 @@ def test_merge_on_slurm_with_submitit_and_the_python_api(checkpoints, sandbox, c
     target = launcher.wait_merge(job)
     assert target == str(ckpt / "global_step_3" / "huggingface_merged")
     assert_merged_equals_full_state(Path(target), ckpt / "full.pt", 3)
-    merges = _merges(launcher.Run(run.job_id, run.run_dir)._record())
+    merges = _merges(launcher.Run(run.job_id, run.run_dir).record)
     assert [(m["step"], m["target"], m["state"]) for m in merges] == [(3, target, "COMPLETED")]
     assert merges[0]["parameters"] > 0
     # the job ran on a sandbox node, not here

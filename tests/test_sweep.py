@@ -15,7 +15,7 @@ import pytest
 from conftest import RECIPES
 from launcher.errors import RecipeError
 from launcher.plan import wandb_env
-from launcher.sweep import expand, experiment_names, labels, load_points, plan
+from launcher.sweeps import check, expand, experiment_names, labels, load_points, request
 from test_bad_input import _tripwire
 
 DEMO = RECIPES / "sandbox-demo.yaml"
@@ -33,7 +33,7 @@ def test_hydra_expands_lists_ranges_and_choices_in_order():
 @pytest.mark.parametrize("overrides, words", [
     (["a=1"], "needs at least one sweep override"),
     (["a=interval(0,1)"], "lists its values"),
-    (["a=1,1"], "points 0 and 1 are the same"),
+    (["a=1,1"], "points 1 and 2 are the same"),
     (["a=1,2", "a=3,4"], "given twice"),
     (["a=range(0,300)"], "more than --max-points=256"),
     (["a=range(0,1000000000)", "b=1,2"], "2000000000 points"),  # counted, never built
@@ -72,10 +72,11 @@ def test_each_point_is_a_full_recipe_with_its_own_names_and_one_group(tmp_path):
     assert {e["WANDB_RUN_GROUP"] for e in envs} == {sw.name} and {e["WANDB_JOB_TYPE"] for e in envs} == {"sweep"}
     ckpts = {r.verl.overrides["trainer.default_local_dir"] for r in recipes}  # ${wandb.experiment} in it
     assert len(ckpts) == 4
-    req = plan(sw, max_parallel=2)
+    check(sw, {"WANDB_API_KEY": "k" * 40, "PATH": os.environ["PATH"]}, verl=False)  # each point's plan
+    req = request(sw, max_parallel=2)
     assert "#SBATCH --array=0-3%2" in req.script and "#SBATCH --output=%a/slurm-%A_%a.out" in req.script
-    assert [str(r.paths.run_dir) for r in req.requests] == [str(req.sweep_dir / str(i)) for i in range(4)]
-    assert all(f"trainer.experiment_name={e}" in r.script for e, r in zip(experiments, req.requests))
+    assert [str(r.paths.run_dir) for r in req.points] == [str(req.directory / str(i)) for i in range(4)]
+    assert all(f"trainer.experiment_name={e}" in r.script for e, r in zip(experiments, req.points))
     assert not tmp_path.joinpath("sandbox-demo").exists()  # planning writes nothing
 
 
@@ -86,19 +87,17 @@ def test_a_recipes_own_group_and_experiment_are_kept(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, key, words", [
-    (["cluster.nodes=1,2"], "cluster.nodes", "(1 in point 0, 2 in point 1)"),
+    (["cluster.nodes=1,2"], "cluster.nodes", "(1 in point 1, 2 in point 2)"),
     (["cluster.time=10,20"], "cluster.time", "one allocation"),
     (["verl.overrides.data.seed=1,2", "verl.overrides.trainer.default_local_dir=/ckpt/same"],
      "verl.overrides.trainer.default_local_dir", "would share the checkpoint directory"),
     (["wandb.experiment=a,b", "verl.overrides.data.seed=1,2"], "wandb.experiment", "would share the experiment"),
-    (["verl.overrides.data.seed=1,2,1"], "verl.overrides.data.seed", "points 0 and 2 are the same"),
+    (["verl.overrides.data.seed=1,2,1"], "verl.overrides.data.seed", "points 1 and 3 are the same"),
     (["cluster.nodez=1,2"], "cluster.nodez", "unknown key"),
     (["trace.max_samples_per_step_per_worker=1,-1"], "trace.max_samples_per_step_per_worker",
-     "(sweep point 1: trace.max_samples_per_step_per_worker=-1)"),
+     "(sweep point 2: trace.max_samples_per_step_per_worker=-1)"),
 ])
 def test_points_that_cannot_share_one_array_are_refused(tmp_path, overrides, key, words):
-    from launcher.sweep import check
-
     with pytest.raises(RecipeError) as e:
         sw = load_points(DEMO, [PY, f"paths.runs={tmp_path}", *overrides])
         check(sw, {"WANDB_API_KEY": "k" * 40, "PATH": os.environ["PATH"]}, verl=False)
@@ -146,7 +145,7 @@ def test_verls_preflight_runs_once_for_all_points_and_names_the_rejected_one(cli
     bad = cli("submit", GSM8K, f"runtime.python={wrapper}", f"paths.runs={tmp_path / 'runs'}", "-m",
               "verl.overrides.data.seed=1,2,3", "verl.overrides.data.train_batch_size=512,1000", env=env, timeout=300)
     assert bad.returncode == 2, bad.stderr
-    assert "(sweep point 1: verl.overrides.data.seed=1 verl.overrides.data.train_batch_size=1000)" in bad.stderr
+    assert "(sweep point 2: verl.overrides.data.seed=1 verl.overrides.data.train_batch_size=1000)" in bad.stderr
     assert "must be divisible by minimal possible batch size" in bad.stderr
     assert log.read_text().count("preflight") == 1  # six points, one verl process
     assert not marker.exists() and not (tmp_path / "runs").exists()
@@ -161,7 +160,7 @@ def test_a_secret_in_a_point_is_refused_without_showing_any_value(cli, tmp_path,
         proc = cli("submit", DEMO, PY, f"paths.runs={tmp_path / 'runs'}", "secrets=[HF_AUTH]", "-m",
                    f"env.MY_SETTING={values}", "--dry-run", env=env)
         assert proc.returncode == 2 and "holds the value of a secret" in proc.stderr, proc.stderr
-        assert "sweep point 1: env.MY_SETTING=<value>" in proc.stderr
+        assert "sweep point 2: env.MY_SETTING=<value>" in proc.stderr
         assert values.split(",")[1] not in proc.stdout + proc.stderr
     proc = cli("submit", DEMO, PY, "-m", "env.API_TOKEN=abcdefgh1,abcdefgh2", "--dry-run", env=env)
     assert proc.returncode == 2 and "env.API_TOKEN=<value>" in proc.stderr and "abcdefgh" not in proc.stderr

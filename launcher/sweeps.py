@@ -34,6 +34,12 @@ class Point:
     overrides: List[str]  # the point's own values: one `key=value` per swept key
     loaded: Loaded
     preflight: object = None  # preflight.Preflight, once checked
+    plan: object = None  # plan.Plan, resolved once checked (with verl's values where it ran)
+
+    @property
+    def number(self) -> int:
+        """The point as people count it, 1..N (its index is the array task's, from 0)."""
+        return self.index + 1
 
     @property
     def experiment(self) -> str:
@@ -103,7 +109,7 @@ def expand(overrides: List[str], max_points: int = MAX_POINTS):
             own = [ov for ov in point if ov.split("=", 1)[0] in swept]
             twice = [p.get_key_element() for p in parsed if p.is_sweep_override()
                      and len(set(p.sweep_string_iterator())) < len(list(p.sweep_string_iterator()))]
-            raise RecipeError(f"points {prev} and {i} are the same ({' '.join(own)}): a value is listed twice",
+            raise RecipeError(f"points {prev + 1} and {i + 1} are the same ({' '.join(own)}): a value is listed twice",
                               where="command line", key=(twice or swept)[0].lstrip("+~"))
     return swept, points
 
@@ -171,7 +177,7 @@ def blame_point(point: Point) -> Iterator[None]:
         yield
     except RecipeError as e:
         secret = isinstance(e, SecretInRecipe)  # then no value of the point is shown
-        raise type(e)(e.message, where=f"{e.where} (sweep point {point.index}: {point.label(not secret)})",
+        raise type(e)(e.message, where=f"{e.where} (sweep point {point.number}: {point.label(not secret)})",
                       key=e.key) from None
 
 
@@ -199,37 +205,30 @@ def load_points(recipe: str, overrides: List[str], extra: List[str] = (), max_po
         with blame_point(p):
             p.loaded = load(recipe, point + list(extra) + added)
         sweep.points.append(p)
-    _one_allocation(sweep)
     _distinct(sweep, "experiment", lambda p: p.experiment, "wandb.experiment")
     return sweep
 
 
 def check(sweep: Sweep, environ: Mapping[str, str], verl: bool = True) -> None:
-    """What submit checks of one run, for every point: the secrets, then verl's own checks
-    (one verl process for all points) and the CPU need with the values verl resolved."""
+    """What submit checks of one run, for every point: the secrets, verl's own checks (one verl
+    process for all points), then each point's plan, resolved once with the values verl resolved
+    (the CPU need refused there); the points must share one allocation and never a checkpoint
+    directory."""
     from . import preflight
-    from .checks import CKPT_DIR, check_capacity, effective
     from .secrets import require
 
     for p in sweep.points:
         with blame_point(p):
             require(p.loaded.recipe, environ)
-    if verl:
-        results = preflight.run_many([p.loaded.recipe for p in sweep.points], environ)
-        for p, pre in zip(sweep.points, results):
+    results = preflight.run_many([p.loaded.recipe for p in sweep.points], environ) if verl else [None] * len(sweep.points)
+    for p, pre in zip(sweep.points, results):
+        with blame_point(p):
+            if isinstance(pre, RecipeError):
+                raise pre
             p.preflight = pre
-            with blame_point(p):
-                if isinstance(pre, RecipeError):
-                    raise pre
-                check_capacity(p.loaded.recipe, pre.config, p.loaded.blame)
-
-    def ckpt(p: Point):
-        resolved = getattr(p.preflight, "config", None)
-        value = effective(p.loaded.recipe, resolved).get(CKPT_DIR)
-        # a relative one (verl's default) lies in each point's own run directory
-        return value if isinstance(value, str) and value.startswith("/") else None
-
-    _distinct(sweep, "checkpoint directory", ckpt, f"verl.overrides.{CKPT_DIR}",
+            p.plan = p.loaded.resolve(pre.config if pre is not None else None)
+    _one_allocation(sweep)
+    _distinct(sweep, "checkpoint directory", lambda p: p.plan.checkpoint_dir, "verl.overrides.trainer.default_local_dir",
               hint=": make it depend on the experiment, e.g. .../checkpoints/${wandb.experiment}")
 
 
@@ -237,19 +236,18 @@ def _one_allocation(sweep: Sweep) -> None:
     """Every point's #SBATCH lines must be the same: one job array has one allocation shape."""
     import dataclasses
 
-    first = sweep.points[0].loaded.recipe
+    first = sweep.points[0]
     for p in sweep.points[1:]:
         r = p.loaded.recipe
-        if p.loaded.plan.directives == sweep.points[0].loaded.plan.directives:
+        if p.plan.directives == first.plan.directives:
             continue
-        keys = ["job.name"] if r.job.name != first.job.name else []
+        keys = ["job.name"] if r.job.name != first.loaded.recipe.job.name else []
         keys += [f"cluster.{f.name}" for f in dataclasses.fields(r.cluster)
-                 if getattr(r.cluster, f.name) != getattr(first.cluster, f.name)]
+                 if getattr(r.cluster, f.name) != getattr(first.loaded.recipe.cluster, f.name)]
         key = keys[0] if keys else "cluster"
-        first_value = _get(first, key)
-        raise RecipeError(f"differs between points ({first_value!r} in point 0, {_get(r, key)!r} in point {p.index}): "
-                          "the points of one sweep share one job array, so one allocation; sweep it in separate "
-                          "submissions", where="command line", key=key)
+        raise RecipeError(f"differs between points ({_get(first.loaded.recipe, key)!r} in point 1, {_get(r, key)!r} in "
+                          f"point {p.number}): the points of one sweep share one job array, so one allocation; "
+                          "sweep it in separate submissions", where="command line", key=key)
 
 
 def _get(r, dotted: str):
@@ -267,54 +265,29 @@ def _distinct(sweep: Sweep, what: str, value_of, key: str, hint: str = "") -> No
             continue
         if v in seen:
             q = seen[v]
-            raise RecipeError(f"points {q.index} ({q.label()}) and {p.index} ({p.label()}) would share the "
+            raise RecipeError(f"points {q.number} ({q.label()}) and {p.number} ({p.label()}) would share the "
                               f"{what} {v!r}{hint}", where="command line", key=key)
         seen[v] = p
 
 
-# ----------------------------------------------------------------------------- the plan
-@dataclass
-class SweepRequest:
-    """The dry-run of a sweep: every point's request, the array script and the command."""
-    name: str
-    sweep_dir: Path
-    points: List[Point]
-    requests: list  # slurm.SubmitRequest per point, run_dir = sweep_dir/<index>
-    script: str
-    max_parallel: Optional[int]
-    command: List[str] = field(default_factory=lambda: ["sbatch", "--parsable", SweepPaths.SCRIPT])
-
-    def __str__(self) -> str:
-        import shlex
-
-        return f"cd {shlex.quote(str(self.sweep_dir))} && {shlex.join(self.command)}"
-
-    def record(self, job_id: Optional[str]) -> dict:
-        """sweep.json, and the sweep's line in the registry (its points have their own)."""
-        return {"kind": "sweep", "name": self.name, "job_id": job_id, "run_dir": str(self.sweep_dir),
-                "sweep_dir": str(self.sweep_dir), "recipe": self.points[0].loaded.recipe.source,
-                "job_name": self.points[0].loaded.recipe.job.name, "max_parallel": self.max_parallel,
-                "experiment": self.name, "nodes": self.points[0].loaded.recipe.cluster.nodes,
-                "command": str(self), "created": time.time(),
-                "points": [self.point_info(p, job_id) for p in self.points]}
-
-    def point_info(self, p: Point, job_id: Optional[str]) -> dict:
-        return {"index": p.index, "overrides": p.overrides, "experiment": p.experiment,
-                "run_dir": str(self.requests[p.index].paths.run_dir),
-                **({"job_id": f"{job_id}_{p.index}"} if job_id else {})}
-
-
-def plan(sweep: Sweep, max_parallel: Optional[int] = None) -> SweepRequest:
+# ----------------------------------------------------------------------------- the request
+def request(sweep: Sweep, max_parallel: Optional[int] = None, local: bool = False):
+    """The sweep's Request (checked: check() resolved each point's plan): one job array whose
+    task i runs point i's own request, in the sweep directory's <i>/."""
+    from . import request as rq
     from .render import render_array
-    from .slurm import plan as plan_run, runs_dir
 
-    first = sweep.points[0].loaded.recipe
-    sweep_dir = runs_dir(first) / sweep.name
-    requests = []
+    first = sweep.points[0].plan
+    sweep_dir = rq.runs_dir(first.recipe) / sweep.name
+    sp = SweepPaths(sweep_dir)
+    points = []
     for p in sweep.points:
-        req = plan_run(p.loaded, run_dir=SweepPaths(sweep_dir).point(p.index).run_dir)
-        req.meta.update(sweep=str(sweep_dir), index=p.index, overrides=p.overrides, work_dir=str(sweep_dir))
-        requests.append(req)
-    script = render_array(sweep.points[0].loaded.plan, sweep.name, len(sweep.points), max_parallel)
-    return SweepRequest(name=sweep.name, sweep_dir=sweep_dir, points=sweep.points, requests=requests,
-                        script=script, max_parallel=max_parallel)
+        point = {"index": p.index, "point": p.number, "overrides": p.overrides, "experiment": p.experiment}
+        points.append(rq.for_run(p.plan, local, run_dir=sp.point(p.index).run_dir, sweep=str(sweep_dir),
+                                 index=p.index, overrides=p.overrides, work_dir=str(sweep_dir),
+                                 label=p.label(), point=point))
+    meta = {"kind": "sweep", "name": sweep.name, "sweep_dir": str(sweep_dir), "recipe": first.runtime.source,
+            "job_name": first.recipe.job.name, "max_parallel": max_parallel, "experiment": sweep.name,
+            "nodes": first.ray.nodes, "created": time.time()}
+    return rq.Request(script=render_array(first, sweep.name, len(points), max_parallel), paths=sp,
+                      command=["sbatch", "--parsable", SweepPaths.SCRIPT], meta=meta, points=points, local=local)

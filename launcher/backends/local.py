@@ -1,4 +1,4 @@
-"""Local mode: the same rendered script, run on this machine without Slurm, for a one-box
+"""The local backend (`submit --local`): the same rendered script, run on this machine without Slurm, for a one-box
 smoke run (a CI runner with a GPU). One node, the GPUs it has, free Ray ports, the same run
 directory, logs, phases and exit status.
 
@@ -10,6 +10,7 @@ anything left that carries this run's marker variable is killed and reported.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -20,11 +21,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import List, Mapping, TextIO
+from typing import List, Mapping, Optional, TextIO
 
-from .plan import RAY_FIXED_PORTS, Plan
-from .resources import templates_dir
-from .slurm import SubmitRequest, record_run
+from ..paths import RunPaths
+from ..plan import RAY_FIXED_PORTS, Plan
+from ..resources import templates_dir
+from ..state import register
 
 MARKER = "VERL_LAUNCH_LOCAL_RUN"  # in the environment of every process of a local run
 
@@ -67,8 +69,8 @@ def _interface_of(ip: str) -> str:
 
 def _free_job_id(p: Plan) -> int:
     """A job id whose block of Ray ports is free on this machine now."""
-    lo = p.recipe.cluster.port_range[0]
-    block = RAY_FIXED_PORTS + p.recipe.cluster.worker_ports
+    lo = p.ray.port_min
+    block = RAY_FIXED_PORTS + p.ray.worker_ports
     for _ in range(50):
         job_id = random.randrange(100000, 999999)
         first = lo + (job_id % p.port_slots) * block
@@ -86,10 +88,11 @@ def _port_free(port: int) -> bool:
             return False
 
 
-def run(req: SubmitRequest, plan: Plan, environ: Mapping[str, str], out: TextIO = sys.stdout) -> dict:
-    """Write the run directory, run the script here, and return its run record (with
+def run(req, environ: Mapping[str, str], out: Optional[TextIO] = None) -> dict:
+    """Write the run directory of REQ (a one-run Request), run the script here (its output to
+    Slurm's file name in the run directory, and to OUT), and return its run record (with
     final_state, exit_code and leftovers, the number of processes that had to be killed)."""
-    p = req.paths
+    p, plan = req.paths, req.plan
     p.create(req.script, req.recipe_yaml)
     shims = p.run_dir / ".local-bin"
     shutil.copytree(templates_dir() / "local", shims)
@@ -98,10 +101,10 @@ def run(req: SubmitRequest, plan: Plan, environ: Mapping[str, str], out: TextIO 
     job_id = str(_free_job_id(plan))
     host = socket.gethostname().split(".")[0]
     env = dict(environ, PATH=f"{shims}{os.pathsep}{environ.get('PATH', '')}", SLURM_JOB_ID=job_id,
-               SLURM_JOB_NODELIST=host, SLURMD_NODENAME=host, SLURM_CPUS_PER_TASK=str(plan.recipe.cluster.cpus_per_task),
+               SLURM_JOB_NODELIST=host, SLURMD_NODENAME=host, SLURM_CPUS_PER_TASK=str(plan.ray.cpus),
                SLURM_RESTART_COUNT="0", **{MARKER: job_id})
-    record = record_run(req, job_id, local=True, command=f"bash {p.SCRIPT} (here, without Slurm)",
-                        runner={"host": host, "pid": os.getpid()})
+    record = register(req, job_id, local=True, command=f"bash {p.SCRIPT} (here, without Slurm)",
+                      runner={"host": host, "pid": os.getpid()})
     t0 = time.time()
     proc = subprocess.Popen(["bash", p.SCRIPT], cwd=p.run_dir, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -132,19 +135,20 @@ def run(req: SubmitRequest, plan: Plan, environ: Mapping[str, str], out: TextIO 
                   final_state="COMPLETED" if rc == 0 else "FAILED", leftovers=len(leftovers),
                   leftover_processes=leftovers)
     p.write_record(record)
-    if leftovers:
+    if leftovers and out is not None:
         out.write(f"verl-launch: killed {len(leftovers)} process(es) the job left behind: {leftovers}\n")
     return record
 
 
-def _pump(stream, path: Path, out: TextIO) -> None:
-    """The script's output to Slurm's output file and to the terminal."""
+def _pump(stream, path: Path, out: Optional[TextIO]) -> None:
+    """The script's output to Slurm's output file and to the terminal (OUT, if any)."""
     with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as log:
         for line in stream:
             log.write(line)
             log.flush()
-            out.write(line.decode(errors="replace"))
-            out.flush()
+            if out is not None:
+                out.write(line.decode(errors="replace"))
+                out.flush()
 
 
 def _marked(job_id: str) -> List[int]:
@@ -181,3 +185,74 @@ def _kill_leftovers(job_id: str, grace: float = 10.0) -> List[str]:
         except OSError:
             pass
     return named
+
+
+class LocalBackend:
+    """Runs a Request here, to its end (a sweep: its points one after another); its state is
+    the run's own record, which Slurm never knew."""
+    name = "local"
+
+    def schedule(self, req, environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None) -> dict:
+        environ = os.environ if environ is None else environ
+        if not req.is_sweep:
+            return run(req, environ, out)
+        req.paths.create(req.script)
+        record = register(req, None, local=True)
+        n = len(req.points)
+        for i, point in enumerate(req.points, 1):  # numbered 1..N of N; the directory keeps the task id
+            if out is not None:
+                print(f"point {i}/{n} ({point.meta['label']}): running locally in {point.directory}", file=out, flush=True)
+            rec = run(point, environ, out)
+            if out is not None:
+                print(f"point {i}/{n} {rec['final_state']} exit code {rec['exit_code']} in {rec['elapsed']} s", file=out)
+        return record
+
+    def states(self, runs: List[dict]) -> dict:
+        out = {}
+        for r in runs:
+            try:
+                rec = json.loads(RunPaths(Path(r["run_dir"])).record.read_text())
+            except (OSError, ValueError):
+                rec = {}
+            state, reason = rec.get("final_state"), None
+            if state is None:
+                state, reason = _unfinished(r, rec)
+            out[r["run_dir"]] = {"state": state, "exit_code": rec.get("exit_code"), "reason": reason,
+                                 "source": "local"}
+        return out
+
+    def cancel(self, run: dict) -> None:
+        from ..errors import SlurmError  # its id is not a Slurm job's: scancel could hit someone else's job
+
+        raise SlurmError(f"run {run['job_id']} ran locally (submit --local), not under Slurm: "
+                         "stop it with Ctrl-C where it runs")
+
+    def ended(self, run: dict):
+        state = self.states([run])[run["run_dir"]]["state"]
+        return state != "RUNNING", state
+
+    def wait(self, run: dict, on_change=None, poll: float = 2.0, timeout: Optional[float] = None, **_) -> dict:
+        """A local run started elsewhere (another process): until its record has an end."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            info = self.states([run])[run["run_dir"]]
+            if info["state"] != "RUNNING" or (deadline is not None and time.monotonic() > deadline):
+                return info
+            time.sleep(poll)
+
+
+def _unfinished(run: dict, rec: dict) -> tuple:
+    """A local run without a final state: RUNNING while its runner lives (seen from its host);
+    else UNKNOWN, and why."""
+    if not Path(run["run_dir"]).is_dir():
+        return "UNKNOWN", "its run directory is gone"
+    runner = rec.get("runner") or run.get("runner") or {}
+    if runner.get("host") != socket.gethostname().split(".")[0] or not runner.get("pid"):
+        return "RUNNING", None  # another machine's (or an older record's): cannot tell from here
+    try:
+        cmdline = Path(f"/proc/{runner['pid']}/cmdline").read_bytes()
+    except OSError:
+        cmdline = b""
+    if b"launcher" in cmdline or b"verl-launch" in cmdline:
+        return "RUNNING", None
+    return "UNKNOWN", f"its runner (pid {runner['pid']}) ended without recording an end"

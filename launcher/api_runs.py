@@ -1,0 +1,272 @@
+"""The Python API's half for what has been submitted: a Run (status, logs, wait, cancel, merge),
+a sweep's SweepRun, `runs()` (the list), `run(ref)` (the one lookup), merges and images. The run
+state lives below, in runs.py; where a run went (Slurm or here), in backends/."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterator, Optional, Union
+
+from . import state
+from .errors import RecipeError, SlurmError
+from .paths import RunPaths
+
+
+@dataclass
+class Run:
+    """A submitted run, known by its job id and run directory."""
+    job_id: str
+    run_dir: str
+
+    @property
+    def record(self) -> dict:
+        """The run's record (the registry's line, else its run.json)."""
+        return state.find(self.run_dir) or {"job_id": self.job_id, "run_dir": self.run_dir}
+
+    @property
+    def paths(self) -> RunPaths:
+        return RunPaths(Path(self.run_dir))
+
+    def _backend(self):
+        from . import backends
+
+        return backends.of(self.record)
+
+    def state(self) -> str:
+        """Slurm's state (PENDING, RUNNING, COMPLETED, ...), or a local run's."""
+        return state.states([self.record]).get(self.run_dir, {}).get("state", "UNKNOWN")
+
+    def status(self) -> dict:
+        """What `status --json` prints: state, phase, progress, step, why it stopped, exit code,
+        links (URLs only; link_templates and links_note where wandb.entity is unset), merges."""
+        run = self.record
+        row = state.row(run, state.states([run])[self.run_dir])
+        shown = state.wandb_links(run)
+        row["links"] = shown if run.get("entity") else {}
+        row["link_templates"] = {} if run.get("entity") else shown
+        row["links_note"] = state.links_note(run)
+        row["stdout"] = str(self.paths.stdout(run["job_id"]))
+        row["merges"] = state.merges(run)
+        return row
+
+    def wait(self, poll: float = 5.0, timeout: Optional[float] = None,
+             on_change: Optional[Callable[[str], None]] = None) -> str:
+        """Until the run ends (or TIMEOUT seconds): its final state. ON_CHANGE(text) whenever its
+        state or phase changes ('RUNNING: training - ...'). A job that pends for a reason that
+        cannot clear by itself raises SlurmError (left queued)."""
+        from .slurm import never_starts
+
+        run, backend = self.record, self._backend()
+        if run.get("local"):
+            return backend.wait(run, poll=poll, timeout=timeout)["state"]
+        info = backend.wait(self.job_id, self.paths, on_change or (lambda text: None), poll=poll, timeout=timeout,
+                            stop_if_never_starts=True)
+        why = never_starts(info)
+        if why:
+            err = SlurmError(state.never_starts_text(why, self.job_id, who=f"job {self.job_id}"))
+            err.never_starts = why
+            raise err
+        return info.get("JobState", "UNKNOWN")
+
+    def cancel(self, timeout: float = 120) -> str:
+        """scancel the run (a sweep: every point) and wait for its end, recorded in run.json."""
+        run, backend = self.record, self._backend()
+        backend.cancel(run)
+        final = backend.wait(self.job_id, self.paths, lambda text: None, poll=1.0, timeout=timeout)
+        return _cancelled(self.paths, final.get("JobState", "UNKNOWN"))
+
+    def log_path(self, driver: bool = False, node: Optional[str] = None) -> Path:
+        from .logs import log_file
+
+        return log_file(self.record, driver, node)
+
+    def logs(self, follow: bool = False, driver: bool = False, node: Optional[str] = None,
+             note: Callable[[str], None] = lambda text: None) -> Union[str, Iterator[str]]:
+        """The batch output (DRIVER: the driver's log; NODE: that node's Ray log) as it is now;
+        FOLLOW: an iterator of its text as it grows, until the job ends."""
+        from . import logs
+
+        run = self.record
+        if run.get("kind") == "sweep":
+            first = f"{run['job_id']}_0" if run.get("job_id") else f"{run['run_dir']}/0"
+            raise RecipeError(f"{run['job_id'] or run['run_dir']} is a sweep: show the output of one of its points, "
+                              f"e.g. {first} (verl-launch status {run['job_id'] or run['run_dir']} lists them)",
+                              where="command line")
+        if follow:
+            return logs.follow(run, self._backend(), driver, node, note)
+        path = logs.log_file(run, driver, node)
+        if not path.exists():  # as --driver and --node say: nothing to print yet
+            from .slurm import job_info
+
+            info = None if run.get("local") else job_info(run["job_id"])
+            state = f" (job {info.get('JobState')})" if info else ""
+            raise SlurmError(f"no output yet{state}: {path} (logs -f waits for it)")
+        return path.read_text(errors="replace")
+
+    def merge(self, step: str = "latest", target: Optional[str] = None, local: bool = False,
+              serve_check: bool = False):
+        """`verl-launch merge` of this run's checkpoint (see merge())."""
+        return merge(self.run_dir, step, target, local, serve_check)
+
+
+@dataclass
+class SweepRun(Run):
+    """A sweep: one job array (job_id) whose points are Runs of their own."""
+
+    def points(self) -> list:
+        return [Run(p["job_id"], p["run_dir"]) for p in state.points(self.record)]
+
+    def status(self) -> dict:
+        return state.sweep_status(self.record)
+
+    def wait(self, poll: float = 5.0, timeout: Optional[float] = None,
+             on_change: Optional[Callable[[dict], None]] = None) -> Dict[str, str]:
+        """Until every point has ended: {point job id: state}. ON_CHANGE({state: count}).
+        SlurmError if every point still waiting can never start (left queued)."""
+        from .slurm import TERMINAL, never_starts
+
+        pts = state.points(self.record)
+        if self.record.get("local"):
+            return {p["job_id"]: i["state"] for p, i in zip(pts, state.states(pts).values())}
+        final = self._backend().wait_many(pts, on_change or (lambda counts: None), poll=poll, timeout=timeout,
+                                          stop_if_never_starts=True)
+        if not all(s in TERMINAL for s in final.values()) and (timeout is None):
+            why = {never_starts(i) for i in state.states(pts).values() if i.get("state") not in TERMINAL}
+            err = SlurmError(state.never_starts_text("; ".join(sorted(w for w in why if w)), self.job_id,
+                                                     who=f"sweep {self.job_id}"))
+            err.never_starts = why
+            raise err
+        return {p["job_id"]: final[p["run_dir"]] for p in pts}
+
+    def cancel(self, timeout: float = 120) -> Dict[str, str]:
+        """scancel the array (every point, running or pending); each point's end, recorded."""
+        backend, pts = self._backend(), state.points(self.record)
+        backend.cancel(self.record)
+        final = backend.wait_many(pts, lambda counts: None, poll=1.0, timeout=timeout)
+        return {p["job_id"]: _cancelled(RunPaths(Path(p["run_dir"])), final[p["run_dir"]]) for p in pts}
+
+
+def _cancelled(paths: RunPaths, final: str) -> str:
+    try:
+        rec = json.loads(paths.record.read_text())
+        rec.update(cancelled=time.time(), final_state=final)
+        paths.write_record(rec)
+    except (OSError, ValueError):
+        pass
+    return final
+
+
+def run(ref: str) -> Run:
+    """The run (or sweep) REF names: a job id (`CLUSTER:ID` for another cluster's) or a run
+    directory. RecipeError if none."""
+    rec = state.require(str(ref))
+    return (SweepRun if rec.get("kind") == "sweep" else Run)(job_id=rec.get("job_id"), run_dir=rec["run_dir"])
+
+
+def runs(n: int = 20) -> list:
+    """`verl-launch list`: the newest N runs as `list --json` gives them, newest first. Where
+    Slurm cannot be asked, the local runs alone, and the list's `note` says why."""
+    rows, note = state.listing(n)
+    out = _Listing(rows)
+    out.note = note
+    return out
+
+
+class _Listing(list):
+    note: Optional[str] = None
+
+
+def image_import(image: str, output: str = ".", dry_run: bool = False) -> dict:
+    """`verl-launch image import`: IMAGE as a squashfs on shared storage (enroot import, once).
+    {"command", "path", "existed"}; DRY_RUN: the command only."""
+    import shlex
+
+    from .images import import_command, import_image
+
+    out = Path(output).expanduser().absolute()
+    cmd = import_command(image, out)
+    existed = Path(cmd[3]).exists()
+    if not dry_run:
+        import_image(image, out)
+    return {"command": shlex.join(cmd), "path": cmd[3], "existed": existed, "dry_run": dry_run}
+
+
+def merge_dryrun(ref: str, step: str = "latest", target: Optional[str] = None, local: bool = False,
+                 serve_check: bool = False) -> dict:
+    """What `merge` would submit, submitting nothing (`merge --dry-run`): the checkpoint, the
+    target, the job's memory and GPUs, the interpreter. Refuses (RecipeError) what cannot work:
+    a bad checkpoint or target, SERVE_CHECK with an interpreter that has no vLLM."""
+    from . import merge_job as m
+
+    ckpt, run = m.find(ref, str(step))
+    r = m.load_run_recipe(run)
+    tgt = m.target_for(ckpt, target)
+    spec = m.spec_for(ckpt, tgt, r, run)
+    spec.serve_check = serve_check
+    looked = None
+    if serve_check:
+        if spec.container:
+            looked = f"not checked here: the merge runs in the run's container ({r.container.image})"
+        elif m.has_vllm(spec.python) is False:
+            raise RecipeError(f"--serve-check loads the merged model in vLLM with the run's interpreter, and "
+                              f"{spec.python} has no vllm module (looked with that interpreter, here)"
+                              + ("" if run else "; give a run (its runtime.python) rather than a checkpoint"),
+                              where=m.CMDLINE)
+        else:
+            looked = f"vllm found by {spec.python}"
+    folder = (Path(run["run_dir"]) / "merge" if run else ckpt.root / ".verl-launch-merge") / f"step_{ckpt.step}"
+    return {"ckpt": ckpt, "run": run, "recipe": r, "spec": spec, "folder": folder, "local": local,
+            "gpus": m.serve_gpus(r, local) if serve_check else 0, "mem_gb": m.mem_gb(ckpt), "vllm": looked}
+
+
+def merge(ref: str, step: str = "latest", target: Optional[str] = None, local: bool = False,
+          serve_check: bool = False):
+    """`verl-launch merge`: the checkpoint of REF (a run's job id or directory, or a checkpoint
+    directory) merged into a Hugging Face model by verl's merger, as a one-node job submitted
+    with submitit (LOCAL: here, through submitit's local executor); SERVE_CHECK: then loaded in
+    vLLM, which must generate from the model's chat template. Returns the submitit job; its
+    result() is the target directory (wait_merge waits without accounting)."""
+    from . import merge_job as m
+
+    p = merge_dryrun(ref, step, target, local, serve_check)
+    ckpt, run, spec = p["ckpt"], p["run"], p["spec"]
+    p["folder"].mkdir(parents=True, exist_ok=True, mode=0o700)
+    job = m.executor(p["folder"], p["recipe"], ckpt, local, gpus=p["gpus"]).submit(m.run, spec)
+    job.verl_launch = {"job_id": str(job.job_id), "target": spec.target, "step": ckpt.step, "local": local,
+                       "checkpoint": str(ckpt.actor), "mem_gb": p["mem_gb"], "folder": str(p["folder"]),
+                       "gpus": p["gpus"], "serve_check": serve_check}
+    m.record(run, dict(job.verl_launch, submitted=time.time()))
+    return job
+
+
+def wait_merge(job, poll: float = 2.0, on_change=None) -> str:
+    """Wait for a merge job and return its target. Slurm's state comes from the launcher's own
+    watcher (submitit's needs accounting: without slurmdbd it stays UNKNOWN); the result
+    then from submitit. Raises SlurmError if the job ended without one."""
+    info = job.verl_launch
+    if not info["local"]:
+        from .backends.slurm import SlurmBackend
+
+        final = SlurmBackend().wait(info["job_id"], RunPaths(Path(info["folder"])), on_change or (lambda s: None),
+                                    poll=poll)
+        if not job.paths.result_pickle.exists():
+            raise SlurmError(f"merge job {info['job_id']} ended {final.get('JobState')} without a result; "
+                             f"its output: {job.paths.stdout}")
+    try:
+        return job.result()
+    except Exception as e:  # submitit's FailedJobError: the traceback of the merge
+        raise SlurmError(f"merge job {info['job_id']} failed: {str(e).strip().splitlines()[-1]}; "
+                         f"its output: {job.paths.stdout}") from None
+
+
+def served(target: str) -> Optional[dict]:
+    """What --serve-check found (vLLM's answer), from the merged model's marker; None if none."""
+    from .merge_job import MARKER
+
+    try:
+        return json.loads(Path(target, MARKER).read_text()).get("serve_check")
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,151 @@
+"""The Slurm backend: a Request becomes a run directory and one `sbatch` (a sweep: one job array);
+its state comes from one rate-limited watcher (scontrol for what slurmctld remembers, sacct for
+the rest, through launcher.slurm, the only module that runs Slurm commands)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import List, Mapping, Optional
+
+from .. import slurm
+from ..paths import RunPaths
+from ..state import register, shown_phase
+
+
+class Watcher:
+    """One place that asks Slurm how jobs are doing, at most once per MIN_INTERVAL seconds for
+    the same question, however many loops ask (submitit's one sacct watcher)."""
+
+    def __init__(self, min_interval: float = 1.0):
+        self.min_interval = min_interval
+        self._seen: dict = {}
+
+    def _ask(self, key, fetch):
+        now = time.monotonic()
+        hit = self._seen.get(key)
+        if hit is not None and now - hit[0] < self.min_interval:
+            return hit[1]
+        value = fetch()
+        self._seen[key] = (time.monotonic(), value)
+        return value
+
+    def job(self, job_id: str) -> Optional[dict]:
+        return self._ask(("job", job_id), lambda: slurm.job_info(job_id))
+
+    def states(self, runs: List[dict]) -> dict:
+        return self._ask(("states", tuple(r["run_dir"] for r in runs)), lambda: slurm.states(runs))
+
+
+WATCHER = Watcher()
+
+
+class SlurmBackend:
+    name = "slurm"
+
+    def schedule(self, req, environ: Optional[Mapping[str, str]] = None, out=None) -> dict:
+        """Write the run directory (0700, files 0600; a sweep's and each point's) and sbatch it
+        there; then the record (run.json, the registry). Nothing is left if sbatch fails."""
+        slurm.need("sbatch", environ)
+        cluster = slurm.cluster_name(environ)
+        if req.is_sweep:
+            req.paths.create(req.script)
+            with _undone(req.directory):
+                for point in req.points:
+                    point.paths.create(point.script, point.recipe_yaml)
+                job_id = slurm.sbatch(req.command, req.directory, environ)
+            for point in req.points:
+                register(point, f"{job_id}_{point.meta['index']}", array_job_id=job_id, cluster=cluster)
+            return register(req, job_id, cluster=cluster)
+        req.paths.create(req.script, req.recipe_yaml)
+        with _undone(req.directory):
+            job_id = slurm.sbatch(req.command, req.directory, environ)
+        return register(req, job_id, cluster=cluster)
+
+    def states(self, runs: List[dict]) -> dict:
+        return WATCHER.states(runs) if runs else {}
+
+    def cancel(self, run: dict) -> None:
+        slurm.cancel(run["job_id"])
+
+    def ended(self, run: dict):
+        """(ended, state in words) for `logs -f`."""
+        info = WATCHER.job(run["job_id"])
+        return (info is None or slurm.ended(info)), (info.get("JobState", "UNKNOWN") if info
+                                                     else "no longer known to Slurm")
+
+    def wait(self, job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: Optional[float] = None,
+             stop_if_never_starts: bool = False) -> dict:
+        """Poll one job until it ends; ``on_change(text)`` whenever its Slurm state or the job's
+        phase changes. STOP_IF_NEVER_STARTS: also return (still PENDING) once it pends for a
+        reason that cannot clear by itself. Returns scontrol's last answer."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last, misses = None, 0
+        while True:
+            info = WATCHER.job(job_id)
+            if info is None and misses < 5:  # a busy slurmctld times out now and then
+                misses += 1
+                time.sleep(poll)
+                continue
+            misses = 0
+            info = info or {"JobState": "UNKNOWN"}
+            text = _state_text(info, paths)
+            if text != last:
+                on_change(text)
+                last = text
+            state = info.get("JobState", "UNKNOWN")
+            if slurm.ended(info) or state == "UNKNOWN" or (stop_if_never_starts and slurm.never_starts(info)) \
+                    or (deadline is not None and time.monotonic() > deadline):
+                return info
+            time.sleep(poll)
+
+    def wait_many(self, runs: List[dict], on_change, poll: float = 5.0, timeout: Optional[float] = None,
+                  stop_if_never_starts: bool = False) -> dict:
+        """Poll many runs (a sweep's points, one batched query a poll) until every one has
+        ended; ``on_change({state: count})`` when the counts change. {run_dir: state}. With
+        STOP_IF_NEVER_STARTS, also return once every point still waiting can never start."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            infos = self.states(runs)
+            now = {d: info.get("state", "UNKNOWN") for d, info in infos.items()}
+            counts: dict = {}
+            for state in now.values():
+                counts[state] = counts.get(state, 0) + 1
+            if counts != last:
+                on_change(counts)
+                last = counts
+            if all(s in slurm.TERMINAL for s in now.values()) or (deadline is not None and time.monotonic() > deadline):
+                return now
+            waiting = [info for info in infos.values() if info.get("state") not in slurm.TERMINAL]
+            if stop_if_never_starts and all(slurm.never_starts(info) for info in waiting):
+                return now
+            time.sleep(poll)
+
+
+def _state_text(info: dict, paths: RunPaths) -> str:
+    """'RUNNING: training - step 3/10', 'PENDING (Resources)', 'RUNNING [restart 1]: ...'."""
+    state = info.get("JobState", "UNKNOWN")
+    text = state
+    if info.get("Restarts", "0") != "0":
+        text += f" [restart {info['Restarts']}]"
+    if state == "PENDING" and slurm.reason_of(info.get("Reason")):
+        text += f" ({info['Reason']})"
+    phase = paths.last_phase()
+    if state == "RUNNING" and phase:
+        progress = paths.progress(phase.get("restart", 0)) if phase["phase"] == "driver-start" else None
+        text += f": {shown_phase(phase['phase'], progress)}" + (f" ({phase['detail']})" if phase.get("detail") else "")
+        text += f" - {progress}" if progress else ""  # what the driver's Ray work is doing
+    return text
+
+
+@contextmanager
+def _undone(directory: Path):
+    """What was written under DIRECTORY goes if sbatch fails: nothing half-written is left."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(directory, ignore_errors=True)
+        raise

@@ -1,0 +1,90 @@
+"""The Request: what `submit` would do, worked out and written nowhere yet (TorchX's dry-run).
+`api.dryrun` builds it once; a backend's `schedule(request)` carries it out. Its ``str`` is the
+exact command, its ``script`` the exact text. One run's request, or a sweep's: a job array whose
+task i runs ``points[i]``, each a one-run request of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets as _random
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
+
+from omegaconf import OmegaConf
+
+from .paths import RunPaths
+from .plan import Plan
+from .render import render
+
+
+@dataclass
+class Request:
+    script: str  # the exact text that would be submitted
+    paths: Any  # RunPaths (one run) or SweepPaths (a sweep)
+    command: List[str]  # run in the request's directory
+    meta: dict  # what the run's record (run.json, the registry) starts from
+    plan: Optional[Plan] = None  # one run's plan (a sweep's points hold theirs)
+    recipe_yaml: str = ""  # the recipe as the launcher understood it
+    points: List["Request"] = field(default_factory=list)  # a sweep: task i runs points[i]
+    local: bool = False  # run here, without Slurm (backends/local.py)
+    warnings: List[str] = field(default_factory=list)  # said, not refused (recipe.Loaded.warnings)
+
+    @property
+    def is_sweep(self) -> bool:
+        return bool(self.points)
+
+    @property
+    def directory(self) -> Path:
+        return self.paths.sweep_dir if self.is_sweep else self.paths.run_dir
+
+    def __str__(self) -> str:
+        if self.local and self.is_sweep:
+            return f"each point's {RunPaths.SCRIPT} here, one after another, without Slurm"
+        if self.local:
+            return f"bash {RunPaths.SCRIPT} (here, without Slurm, in {self.directory})"
+        return f"cd {shlex.quote(str(self.directory))} && {shlex.join(self.command)}"
+
+    def record(self, job_id: Optional[str], **extra) -> dict:
+        """The run's record once JOB_ID is known (a sweep's: its points with their ids)."""
+        rec = {**self.meta, "job_id": job_id, "run_dir": str(self.directory), "command": str(self), **extra}
+        if self.is_sweep:
+            rec["points"] = [dict(p.meta["point"], run_dir=str(p.directory),
+                                  **({"job_id": f"{job_id}_{p.meta['index']}"} if job_id else {}))
+                             for p in self.points]
+        else:
+            rec["submitted"] = time.time()
+        return rec
+
+
+def for_run(plan: Plan, local: bool = False, run_dir: Optional[Path] = None, now: Optional[float] = None,
+            **meta) -> Request:
+    """One run's request: its run directory (a new one under paths.runs/<job.name>), the script
+    rendered from PLAN, the sbatch command; META goes into its record."""
+    r = plan.recipe
+    now = time.time() if now is None else now
+    if run_dir is None:
+        run_dir = runs_dir(r) / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{_random.token_hex(2)}"
+    record = {"recipe": r.source, "job_name": r.job.name, "experiment": r.experiment,
+              "project": r.wandb.project, "entity": r.wandb.entity, "nodes": r.cluster.nodes,
+              "gpus_per_node": r.cluster.gpus_per_node, "wandb_base_url": r.wandb.base_url, "created": now,
+              "wandb_enabled": r.wandb.enabled, "trace_backend": r.trace.backend,
+              "traces_per_step": plan.traces_per_step, **meta}
+    return Request(script=render(plan), paths=RunPaths(run_dir), command=["sbatch", "--parsable", RunPaths.SCRIPT],
+                   meta=record, plan=plan, recipe_yaml=resolved_yaml(r), local=local)
+
+
+def runs_dir(r) -> Path:
+    """Where the recipe's runs go: paths.runs/<job.name>, absolute."""
+    runs = Path(os.path.expanduser(r.paths.runs))
+    return (runs if runs.is_absolute() else Path.cwd() / runs) / r.job.name
+
+
+def resolved_yaml(r) -> str:
+    """The recipe as the launcher understood it: composed, overridden, defaults filled in."""
+    data = dataclasses.asdict(r)
+    return f"# composed from {r.source}\n" + OmegaConf.to_yaml(OmegaConf.create(data))
