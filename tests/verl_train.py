@@ -204,6 +204,9 @@ class _StepTail:
             first.setdefault(int(step), now)
 
 
+RUN_DIR_LINE = re.compile(r"^\s+run dir\s+(\S+)\s*$")  # submit's "  run dir  PATH" line
+
+
 def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "team", timeout: float = 900,
           echo: bool = False, during=None) -> Trained:
     """Submit recipes/sandbox-verl.yaml (`submit --wait`) with NODE_PYTHON on the nodes and a
@@ -227,9 +230,10 @@ def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "te
         deadline = time.monotonic() + timeout
         while proc.poll() is None and time.monotonic() < deadline:
             if run_dir is None:
-                found = sorted(Path(runs).glob("*/2*/phases.jsonl")) + sorted(Path(runs).glob("*/2*/job.sbatch"))
-                if found:
-                    run_dir = found[0].parent
+                # submit names its run dir; a glob under RUNS could find an older run (job ids repeat)
+                said = [m.group(1) for m in map(RUN_DIR_LINE.match, list(out_lines)) if m]
+                if said:
+                    run_dir = Path(said[0])
                     gcs = GcsWatch(run_dir)
                     gcs.start()
             else:
@@ -242,6 +246,8 @@ def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "te
         proc.wait()
         reader.join(10)
         errs.join(10)
+        if run_dir is None:  # it ended before the loop saw its run dir
+            run_dir = next((Path(m.group(1)) for m in map(RUN_DIR_LINE.match, out_lines) if m), None)
         if gcs:
             gcs.stop.set()
             gcs.join(5)
