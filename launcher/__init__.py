@@ -3,7 +3,7 @@
 The flow, one module each: recipe (load + validate) -> overrides (verl's command line)
 -> plan (everything the job needs, worked out once) -> render (pure: plan in, script text
 out) -> request (the dry-run) -> backends (Slurm or local; slurm.py is the only module that
-runs Slurm commands) -> runs (the run state) -> api (the one door) -> cli (prints it).
+runs Slurm commands) -> state (the run state) -> api (the one door) -> cli (prints it).
 """
 
 __version__ = "0.1.0"

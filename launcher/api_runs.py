@@ -1,6 +1,6 @@
 """The Python API's half for what has been submitted: a Run (status, logs, wait, cancel, merge),
 a sweep's SweepRun, `runs()` (the list), `run(ref)` (the one lookup), merges and images. The run
-state lives below, in runs.py; where a run went (Slurm or here), in backends/."""
+state lives below, in state.py; where a run went (Slurm or here), in backends/."""
 
 from __future__ import annotations
 

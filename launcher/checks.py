@@ -72,14 +72,9 @@ def effective(r: Recipe, resolved: Optional[Dict[str, Any]] = None, blame=lambda
     return v
 
 
-def check_capacity(r: Recipe, resolved: Optional[Dict[str, Any]] = None, blame=lambda key: "recipe"):
-    """Refuse fewer CPUs per node than verl's Ray actors hold there (verl_resources); return
-    what they hold (None for an entrypoint that is not verl's)."""
-    return capacity(r, effective(r, resolved, blame), blame)
-
-
 def capacity(r: Recipe, values: Dict[str, Any], blame=lambda key: "recipe"):
-    """check_capacity of verl's effective VALUES (effective())."""
+    """Refuse fewer CPUs per node than verl's Ray actors hold there (verl_resources), by verl's
+    effective VALUES (effective()); return what they hold (None for an entrypoint not verl's)."""
     if not is_verl(r):
         return None
     v = dict(values)
@@ -149,7 +144,7 @@ def check(r: Recipe, blame=lambda key: "recipe", warn=None) -> str:
     if name not in ROLLOUT_NAMES:
         bad("verl.overrides.actor_rollout_ref.rollout.name",
             f"{name!r} is not one of {', '.join(ROLLOUT_NAMES)}")
-    check_capacity(r, None, blame)
+    capacity(r, effective(r, None, blame), blame)
     return keys
 
 
@@ -391,20 +386,3 @@ def validate(r: Recipe, blame) -> None:
 
     if not r.paths.runs or _CONTROL.search(r.paths.runs):
         bad("paths.runs", "must be a directory path")
-
-
-def trace_volume(r: Recipe, values: Optional[Dict[str, Any]] = None) -> Optional[int]:
-    """Traces per training step: every sample, or max_samples_per_step_per_worker per
-    agent-loop worker, each with all its rollout.n rollouts. None when unknown. VALUES: verl's
-    (effective(), or what its preflight resolved)."""
-    if r.trace.backend == "none":
-        return 0
-    v = {**DEFAULTS, **verl_settings(r), **{k: x for k, x in (values or {}).items() if x is not None}}
-    n, workers = v["actor_rollout_ref.rollout.n"], v["actor_rollout_ref.rollout.agent.num_workers"]
-    batch = v.get("data.train_batch_size")
-    cap = r.trace.max_samples_per_step_per_worker
-    if not (whole(n) and whole(workers)):
-        return None  # not numbers verl would accept: its own checks say so
-    if not whole(batch):
-        return None if cap is None else cap * workers * n
-    return batch * n if cap is None else min(cap * workers, batch) * n

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import node_checks
-from .checks import capacity, effective, stall_timeout, trace_volume
+from .checks import capacity, effective, stall_timeout, whole
 from .overrides import verl_args
 from .schema import Recipe
 from .secrets import needs_key, wandb_host
+from .verl_resources import DEFAULTS
 
 RAY_FIXED_PORTS = 9  # GCS .. dashboard; the template lays them out, then the worker ports
 
@@ -136,7 +137,7 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
         verl=v,
         verl_resolved=verl is not None,
         cpu_need=capacity(r, v, blame),
-        traces_per_step=trace_volume(r, v),
+        traces_per_step=traces_per_step(r, v),
     )
 
 
@@ -210,3 +211,20 @@ def port_slots(r: Recipe) -> int:
     """How many jobs' port blocks fit in cluster.port_range."""
     lo, hi = r.cluster.port_range
     return (hi - lo + 1) // (RAY_FIXED_PORTS + r.cluster.worker_ports)
+
+
+def traces_per_step(r: Recipe, v: Dict[str, Any]) -> Optional[int]:
+    """Traces per training step: every sample, or max_samples_per_step_per_worker per
+    agent-loop worker, each with all its rollout.n rollouts. None when unknown. V: verl's
+    effective values (checks.effective)."""
+    if r.trace.backend == "none":
+        return 0
+    v = {**DEFAULTS, **v}
+    n, workers = v["actor_rollout_ref.rollout.n"], v["actor_rollout_ref.rollout.agent.num_workers"]
+    batch = v.get("data.train_batch_size")
+    cap = r.trace.max_samples_per_step_per_worker
+    if not (whole(n) and whole(workers)):
+        return None  # not numbers verl would accept: its own checks say so
+    if not whole(batch):
+        return None if cap is None else cap * workers * n
+    return batch * n if cap is None else min(cap * workers, batch) * n

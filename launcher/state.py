@@ -10,7 +10,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 from . import registry
 from .errors import RecipeError
@@ -37,8 +37,8 @@ def find(ref: str, environ=None) -> Optional[dict]:
     an id is this cluster's (ClusterName in slurm.conf) where the records say, and the newest."""
     ref = str(ref)
     path = os.path.abspath(ref) if ("/" in ref or os.path.isdir(ref)) else None
-    asked, _, job = ref.rpartition(":") if re.fullmatch(r"[\w.-]+:\d+(_\d+)?", ref) else ("", "", ref)
-    here = asked.lower() or cluster_name(environ)
+    asked, job = _split(ref)
+    here = asked or cluster_name(environ)
     same = []  # newest first
     for run in reversed(registry.runs()):
         if path and run.get("run_dir") == path:
@@ -60,12 +60,22 @@ def require(ref: str) -> dict:
     """find(REF), or RecipeError (exit 2: what was typed names nothing, as a bad recipe is bad)."""
     run = find(ref)
     if run is None:
-        elsewhere = sorted({f"{r['cluster']}:{ref}" for r in registry.runs()
-                            if r.get("job_id") == ref and r.get("cluster")})
+        asked, job = _split(str(ref))
+        here = asked or cluster_name()
+        elsewhere = sorted({f"{r['cluster']}:{job}" for r in registry.runs()
+                            if r.get("job_id") == job and r.get("cluster") and r["cluster"] != here})
         raise RecipeError(f"no run with job id or run directory {ref!r} in {registry.registry_file()}"
-                          + (f" on this cluster ({cluster_name()}); another cluster's: {', '.join(elsewhere)}"
-                             if elsewhere else ""), where="command line")
+                          + (f" on {'cluster' if asked else 'this cluster'} ({here}); another cluster's: "
+                             f"{', '.join(elsewhere)}" if elsewhere else ""), where="command line")
     return run
+
+
+def _split(ref: str):
+    """'CLUSTER:ID' -> (cluster, ID); a bare id or a path -> ("", REF)."""
+    if re.fullmatch(r"[\w.-]+:\d+(_\d+)?", ref):
+        asked, _, job = ref.rpartition(":")
+        return asked.lower(), job  # Slurm lower-cases ClusterName
+    return "", ref
 
 
 def points(sweep: dict, everything: Optional[list] = None) -> list:

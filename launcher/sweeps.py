@@ -15,7 +15,6 @@ import secrets as _random
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterator, List, Mapping, Optional
 
 from .errors import RecipeError

@@ -32,6 +32,10 @@ class Watcher:
         self._seen[key] = (time.monotonic(), value)
         return value
 
+    def forget(self) -> None:
+        """After what changes a job (scancel): the next question asks Slurm again."""
+        self._seen.clear()
+
     def job(self, job_id: str) -> Optional[dict]:
         return self._ask(("job", job_id), lambda: slurm.job_info(job_id))
 
@@ -69,6 +73,7 @@ class SlurmBackend:
 
     def cancel(self, run: dict) -> None:
         slurm.cancel(run["job_id"])
+        WATCHER.forget()
 
     def ended(self, run: dict):
         """(ended, state in words) for `logs -f`."""
