@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import List, Optional
 
 from .errors import RecipeError
-from .paths import RunPaths
+from .paths import MERGED, RunPaths
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl writes it after each complete save
 SERVE_PROMPT = "What is 2 + 3?"
-MARKER = "verl-launch-merge.json"  # in a merged model: where it came from
+MARKER = MERGED  # in a merged model: where it came from (paths.MERGED)
 CMDLINE = "command line"
 
 

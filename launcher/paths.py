@@ -208,6 +208,16 @@ class RunPaths:
         return (state.get("summary") if running else state.get("training")) or None
 
 
+def shown_phase(phase: Optional[str], progress: Optional[str]) -> Optional[str]:
+    """The job's phase as a person reads it: 'training' once the driver reports training steps."""
+    if phase == "driver-start" and progress and re.search(r"\btraining step \d", progress):
+        return "training"
+    return phase
+
+
+MERGED = "verl-launch-merge.json"  # in a merged model (merge_job.py): where it came from
+
+
 @dataclass(frozen=True)
 class SweepPaths:
     """A sweep's directory: the job array's script and record; point i's run directory is <i>/."""

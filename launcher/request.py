@@ -17,6 +17,7 @@ from typing import Any, List, Optional
 
 from omegaconf import OmegaConf
 
+from . import registry
 from .paths import RunPaths
 from .plan import Plan
 from .render import render
@@ -48,6 +49,18 @@ class Request:
         if self.local:
             return f"bash {RunPaths.SCRIPT} (here, without Slurm, in {self.directory})"
         return f"cd {shlex.quote(str(self.directory))} && {shlex.join(self.command)}"
+
+    def point_rows(self) -> List[tuple]:
+        """A sweep's points as (number 1..N, experiment, overrides), as check -m shows them."""
+        return [(p.meta["point"]["point"], p.meta["experiment"], p.meta["label"]) for p in self.points]
+
+    def register(self, job_id: Optional[str], **extra) -> dict:
+        """The record once JOB_ID is known, written: run.json (a sweep's: sweep.json) and the
+        registry's line (state.find reads them)."""
+        record = self.record(job_id, **extra)
+        self.paths.write_record(record)
+        registry.record({k: v for k, v in record.items() if k != "points"})  # each point has a line of its own
+        return record
 
     def record(self, job_id: Optional[str], **extra) -> dict:
         """The run's record once JOB_ID is known (a sweep's: its points with their ids)."""

@@ -9,6 +9,7 @@ import sys
 
 from . import api
 from .console import fail
+from .sweep_cli import points_table, submitted
 
 
 def cmd_render(args) -> int:
@@ -25,7 +26,7 @@ def cmd_check(args) -> int:
     for label, text in report.lines:
         print(f"{label:<11} {text}")
     if report.points:
-        _table(report.points, sys.stdout)
+        points_table(report.points, sys.stdout)
     elif report.verl_args or report.ok:
         print("verl args")
         for a in report.verl_args:
@@ -34,12 +35,6 @@ def cmd_check(args) -> int:
         return fail(report.verdict, api.EXIT_BAD_INPUT)
     print(report.verdict)
     return 0
-
-
-def _table(points, out) -> None:
-    print(f"{'POINT':>5}  {'EXPERIMENT':<40} OVERRIDES", file=out)
-    for number, experiment, label in points:
-        print(f"{number:>5}  {experiment:<40} {label}", file=out)
 
 
 def cmd_submit(args) -> int:
@@ -54,8 +49,7 @@ def cmd_submit(args) -> int:
             print(f"# would run: {req}")
             sys.stdout.write(req.script)
             if req.is_sweep:
-                _table([(p.meta["point"]["point"], p.meta["experiment"], p.meta["label"]) for p in req.points],
-                       sys.stdout)
+                points_table(req.point_rows(), sys.stdout)
         return 0
     out = sys.stderr if args.json else sys.stdout
     if req.local:
@@ -67,7 +61,6 @@ def cmd_submit(args) -> int:
     except OSError as e:
         return fail(f"error: {e}", api.EXIT_FAILED)
     if req.is_sweep:
-        from .sweep_cli import submitted
 
         return submitted(run, req, args, out)
     info = {"job_id": run.job_id, **_where(req), "script": str(req.paths.script),

@@ -14,23 +14,11 @@ from typing import Optional
 
 from . import registry
 from .errors import RecipeError
-from .paths import RunPaths, SweepPaths
+from .paths import MERGED, RunPaths, SweepPaths, shown_phase
 from .slurm import TERMINAL, cluster_name
 
 
-# ----------------------------------------------------------------------------- the records
-def register(req, job_id: Optional[str], **extra) -> dict:
-    """REQ's record once it has JOB_ID: run.json (a sweep's: sweep.json) and the registry's line."""
-    record = req.record(job_id, **extra)
-    if req.is_sweep:
-        SweepPaths(req.directory).write_record(record)
-        registry.record({k: v for k, v in record.items() if k != "points"})
-    else:
-        req.paths.write_record(record)
-        registry.record(record)
-    return record
-
-
+# ----------------------------------------------------------------------------- the lookup
 def find(ref: str, environ=None) -> Optional[dict]:
     """The run REF names: a run (or sweep) directory, or a job id (`CLUSTER:ID` for another
     cluster's). Job ids repeat (across clusters sharing a home, after a cluster's state is reset):
@@ -126,13 +114,6 @@ def row(run: dict, info: dict) -> dict:
             "stopped": paths.stop_reason(), "bad_nodes": paths.bad_nodes(),
             "progress": progress, "step": step, "outcome": outcome(state, step),
             "elapsed": elapsed(info), "run_dir": run["run_dir"], "source": info.get("source")}
-
-
-def shown_phase(phase: Optional[str], progress: Optional[str]) -> Optional[str]:
-    """The job's phase as a person reads it: 'training' once the driver reports training steps."""
-    if phase == "driver-start" and progress and re.search(r"\btraining step \d", progress):
-        return "training"
-    return phase
 
 
 def elapsed(info: dict) -> str:
@@ -304,7 +285,6 @@ def links_note(run: dict) -> Optional[str]:
 def merges(run: dict) -> list:
     """The run's merges (`verl-launch merge`), each with its outcome: the merged model's own
     marker when it is there, else the merge job's Slurm state."""
-    from .merge_job import MARKER
 
     try:
         merges = json.loads(RunPaths(Path(run["run_dir"])).record.read_text()).get("merges", [])
@@ -313,7 +293,7 @@ def merges(run: dict) -> list:
     out = []
     for m in merges:
         try:
-            mark = json.loads((Path(m["target"]) / MARKER).read_text())
+            mark = json.loads((Path(m["target"]) / MERGED).read_text())
         except (OSError, ValueError, KeyError):
             mark = {}
         if mark.get("step") == m.get("step") and str(mark.get("job_id")) == str(m.get("job_id")):

@@ -1,5 +1,5 @@
 """The command line of a sweep once submitted (`submit -m`): what was queued, and `--wait` over its
-points. It calls the API and prints; `check -m` and the dry-run print through run_cli."""
+points, and the points' table (check -m and the dry-run print it too). It calls the API and prints."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from .console import redact
 
 def submitted(run, req, args, out) -> int:
     """The job array queued: its points, then how to follow it (or --wait for them all)."""
-    from .run_cli import _table
-
     info = {"job_id": run.job_id, "sweep_dir": run.run_dir, "name": req.meta["name"],
             "points": run.record.get("points") or [p.meta["point"] for p in req.points]}
     if args.json and not args.wait:
@@ -22,7 +20,7 @@ def submitted(run, req, args, out) -> int:
     print(f"Submitted batch job {run.job_id} (a job array: sweep {req.meta['name']}, {len(req.points)} points"
           + (f", at most {args.max_parallel} at once" if args.max_parallel else "") + ")", file=out)
     print(f"  sweep dir {run.run_dir}", file=out)
-    _table([(p.meta["point"]["point"], p.meta["experiment"], p.meta["label"]) for p in req.points], out)
+    points_table(req.point_rows(), out)
     if not args.wait:
         print(f"Follow it: verl-launch status {run.job_id}   (a point's output: verl-launch logs -f "
               f"{run.job_id}_0, stop all: verl-launch cancel {run.job_id})", file=out)
@@ -31,6 +29,13 @@ def submitted(run, req, args, out) -> int:
     if args.json:
         print(json.dumps(info))
     return 0 if all(s == "COMPLETED" for s in info["states"].values()) else api.EXIT_FAILED
+
+
+def points_table(rows, out) -> None:
+    """A sweep's points, (number, experiment, overrides) each, as check -m and submit -m show them."""
+    print(f"{'POINT':>5}  {'EXPERIMENT':<40} OVERRIDES", file=out)
+    for number, experiment, label in rows:
+        print(f"{number:>5}  {experiment:<40} {label}", file=out)
 
 
 def _wait(run, out) -> dict:

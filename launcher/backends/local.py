@@ -25,7 +25,6 @@ from typing import List, Mapping, Optional, TextIO
 from ..paths import RunPaths
 from ..plan import RAY_FIXED_PORTS, Plan
 from ..resources import templates_dir
-from ..state import register
 
 MARKER = "VERL_LAUNCH_LOCAL_RUN"  # in the environment of every process of a local run
 
@@ -102,7 +101,7 @@ def run(req, environ: Mapping[str, str], out: Optional[TextIO] = None) -> dict:
     env = dict(environ, PATH=f"{shims}{os.pathsep}{environ.get('PATH', '')}", SLURM_JOB_ID=job_id,
                SLURM_JOB_NODELIST=host, SLURMD_NODENAME=host, SLURM_CPUS_PER_TASK=str(plan.ray.cpus),
                SLURM_RESTART_COUNT="0", **{MARKER: job_id})
-    record = register(req, job_id, local=True, command=f"bash {p.SCRIPT} (here, without Slurm)",
+    record = req.register(job_id, local=True, command=f"bash {p.SCRIPT} (here, without Slurm)",
                       runner={"host": host, "pid": os.getpid()})
     t0 = time.time()
     proc = subprocess.Popen(["bash", p.SCRIPT], cwd=p.run_dir, env=env, stdin=subprocess.DEVNULL,
@@ -196,7 +195,7 @@ class LocalBackend:
         if not req.is_sweep:
             return run(req, environ, out)
         req.paths.create(req.script)
-        record = register(req, None, local=True)
+        record = req.register(None, local=True)
         n = len(req.points)
         for i, point in enumerate(req.points, 1):  # numbered 1..N of N; the directory keeps the task id
             if out is not None:

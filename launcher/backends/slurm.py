@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import List, Mapping, Optional
 
 from .. import slurm
-from ..paths import RunPaths
-from ..state import register, shown_phase
+from ..paths import RunPaths, shown_phase
 
 
 class Watcher:
@@ -61,12 +60,12 @@ class SlurmBackend:
                     point.paths.create(point.script, point.recipe_yaml)
                 job_id = slurm.sbatch(req.command, req.directory, environ)
             for point in req.points:
-                register(point, f"{job_id}_{point.meta['index']}", array_job_id=job_id, cluster=cluster)
-            return register(req, job_id, cluster=cluster)
+                point.register(f"{job_id}_{point.meta['index']}", array_job_id=job_id, cluster=cluster)
+            return req.register(job_id, cluster=cluster)
         req.paths.create(req.script, req.recipe_yaml)
         with _undone(req.directory):
             job_id = slurm.sbatch(req.command, req.directory, environ)
-        return register(req, job_id, cluster=cluster)
+        return req.register(job_id, cluster=cluster)
 
     def states(self, runs: List[dict]) -> dict:
         return WATCHER.states(runs) if runs else {}
