@@ -45,6 +45,10 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+REF_HELP = ("a job id (CLUSTER:JOB for another cluster's run: job ids repeat across clusters and after a "
+            "cluster's state is reset; a bare id is this cluster's newest), a sweep's array job id, or a run directory")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="verl-launch",
@@ -103,11 +107,11 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="one JSON array")
     st = sub.add_parser("status", help="a run's Slurm state, in-job phase, exit code and W&B links",
                         description="A run's Slurm state, in-job phase, exit code and W&B links.")
-    st.add_argument("ref", metavar="JOB|RUN_DIR")
+    st.add_argument("ref", metavar="JOB|RUN_DIR", help=REF_HELP)
     st.add_argument("--json", action="store_true", help="one JSON object")
     lg = sub.add_parser("logs", help="print a run's output (-f: follow until the job ends)",
                         description="Print a run's batch output, or the driver's, or a node's Ray log.")
-    lg.add_argument("ref", metavar="JOB|RUN_DIR")
+    lg.add_argument("ref", metavar="JOB|RUN_DIR", help=REF_HELP)
     lg.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
     which = lg.add_mutually_exclusive_group()
     which.add_argument("--driver", action="store_true", help="the driver's log")
@@ -148,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     mg.add_argument("--json", action="store_true", help='print one JSON object: {"job_id", "target", "step"}')
     cn = sub.add_parser("cancel", help="scancel a run and wait for its terminal state",
                         description="scancel a run, wait for its terminal state, and record it in the run.")
-    cn.add_argument("ref", metavar="JOB|RUN_DIR")
+    cn.add_argument("ref", metavar="JOB|RUN_DIR", help=REF_HELP)
     return p
 
 
