@@ -59,24 +59,17 @@ class Run:
         cannot clear by itself raises SlurmError (left queued)."""
         from .slurm import never_starts
 
-        run, backend = self.record, self._backend()
-        if run.get("local"):
-            return backend.wait(run, poll=poll, timeout=timeout)["state"]
-        info = backend.wait(self.job_id, self.paths, on_change or (lambda text: None), poll=poll, timeout=timeout,
-                            stop_if_never_starts=True)
+        info = self._backend().wait(self.record, on_change, poll=poll, timeout=timeout, stop_if_never_starts=True)
         why = never_starts(info)
         if why:
-            err = SlurmError(state.never_starts_text(why, self.job_id, who=f"job {self.job_id}"))
-            err.never_starts = why
-            raise err
-        return info.get("JobState", "UNKNOWN")
+            raise _never_starts(why, self.job_id, f"job {self.job_id}")
+        return info["state"]
 
     def cancel(self, timeout: float = 120) -> str:
         """scancel the run (a sweep: every point) and wait for its end, recorded in run.json."""
         run, backend = self.record, self._backend()
         backend.cancel(run)
-        final = backend.wait(self.job_id, self.paths, lambda text: None, poll=1.0, timeout=timeout)
-        return _cancelled(self.paths, final.get("JobState", "UNKNOWN"))
+        return _cancelled(self.paths, backend.wait(run, poll=1.0, timeout=timeout)["state"])
 
     def log_path(self, driver: bool = False, node: Optional[str] = None) -> Path:
         from .logs import log_file
@@ -99,11 +92,8 @@ class Run:
             return logs.follow(run, self._backend(), driver, node, note)
         path = logs.log_file(run, driver, node)
         if not path.exists():  # as --driver and --node say: nothing to print yet
-            from .slurm import job_info
-
-            info = None if run.get("local") else job_info(run["job_id"])
-            state = f" (job {info.get('JobState')})" if info else ""
-            raise SlurmError(f"no output yet{state}: {path} (logs -f waits for it)")
+            _, now = self._backend().ended(run)
+            raise SlurmError(f"no output yet (job {now}): {path} (logs -f waits for it)")
         return path.read_text(errors="replace")
 
     def merge(self, step: str = "latest", target: Optional[str] = None, local: bool = False,
@@ -129,24 +119,25 @@ class SweepRun(Run):
         from .slurm import TERMINAL, never_starts
 
         pts = state.points(self.record)
-        if self.record.get("local"):
-            return {p["job_id"]: i["state"] for p, i in zip(pts, state.states(pts).values())}
-        final = self._backend().wait_many(pts, on_change or (lambda counts: None), poll=poll, timeout=timeout,
-                                          stop_if_never_starts=True)
-        if not all(s in TERMINAL for s in final.values()) and (timeout is None):
-            why = {never_starts(i) for i in state.states(pts).values() if i.get("state") not in TERMINAL}
-            err = SlurmError(state.never_starts_text("; ".join(sorted(w for w in why if w)), self.job_id,
-                                                     who=f"sweep {self.job_id}"))
-            err.never_starts = why
-            raise err
+        final = self._backend().wait_many(pts, on_change, poll=poll, timeout=timeout, stop_if_never_starts=True)
+        waiting = [i for i in state.states(pts).values() if i.get("state") not in TERMINAL]
+        if waiting and all(never_starts(i) for i in waiting):
+            raise _never_starts("; ".join(sorted({never_starts(i) for i in waiting})), self.job_id,
+                                f"sweep {self.job_id}")
         return {p["job_id"]: final[p["run_dir"]] for p in pts}
 
     def cancel(self, timeout: float = 120) -> Dict[str, str]:
         """scancel the array (every point, running or pending); each point's end, recorded."""
         backend, pts = self._backend(), state.points(self.record)
         backend.cancel(self.record)
-        final = backend.wait_many(pts, lambda counts: None, poll=1.0, timeout=timeout)
+        final = backend.wait_many(pts, poll=1.0, timeout=timeout)
         return {p["job_id"]: _cancelled(RunPaths(Path(p["run_dir"])), final[p["run_dir"]]) for p in pts}
+
+
+def _never_starts(why: str, job_id: str, who: str) -> SlurmError:
+    err = SlurmError(state.never_starts_text(why, job_id, who=who))
+    err.never_starts = why
+    return err
 
 
 def _cancelled(paths: RunPaths, final: str) -> str:
@@ -250,10 +241,9 @@ def wait_merge(job, poll: float = 2.0, on_change=None) -> str:
     if not info["local"]:
         from .backends.slurm import SlurmBackend
 
-        final = SlurmBackend().wait(info["job_id"], RunPaths(Path(info["folder"])), on_change or (lambda s: None),
-                                    poll=poll)
+        final = SlurmBackend().wait({"job_id": info["job_id"], "run_dir": info["folder"]}, on_change, poll=poll)
         if not job.paths.result_pickle.exists():
-            raise SlurmError(f"merge job {info['job_id']} ended {final.get('JobState')} without a result; "
+            raise SlurmError(f"merge job {info['job_id']} ended {final['state']} without a result; "
                              f"its output: {job.paths.stdout}")
     try:
         return job.result()

@@ -3,9 +3,10 @@ interface, chosen once: `choose(local)` for a new request, `of(run)` for a recor
 
     schedule(request, environ, out) -> the run's record (local: once it has ended)
     states(runs)                    -> {run_dir: {"state", "exit_code", "reason", ...}}
+    ended(run)                      -> (ended, its state in words), for `logs -f`
     cancel(run)
-    wait(run, paths, on_change, ...) -> the final info (one run)
-    wait_many(runs, on_change, ...)  -> {run_dir: state} (a sweep's points)
+    wait(run, on_change, ...)       -> the last info, "state" in it (one run: a record's job_id, run_dir)
+    wait_many(runs, on_change, ...) -> {run_dir: state} (a sweep's points)
 """
 
 from __future__ import annotations

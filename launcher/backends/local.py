@@ -231,11 +231,17 @@ class LocalBackend:
 
     def wait(self, run: dict, on_change=None, poll: float = 2.0, timeout: Optional[float] = None, **_) -> dict:
         """A local run started elsewhere (another process): until its record has an end."""
+        self.wait_many([run], poll=poll, timeout=timeout)
+        return self.states([run])[run["run_dir"]]
+
+    def wait_many(self, runs: List[dict], on_change=None, poll: float = 2.0, timeout: Optional[float] = None,
+                  **_) -> dict:
+        """Until no run of RUNS is running here (or TIMEOUT): {run_dir: state}."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            info = self.states([run])[run["run_dir"]]
-            if info["state"] != "RUNNING" or (deadline is not None and time.monotonic() > deadline):
-                return info
+            now = {d: info["state"] for d, info in self.states(runs).items()}
+            if "RUNNING" not in now.values() or (deadline is not None and time.monotonic() > deadline):
+                return now
             time.sleep(poll)
 
 

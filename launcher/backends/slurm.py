@@ -80,11 +80,12 @@ class SlurmBackend:
         return (info is None or slurm.ended(info)), (info.get("JobState", "UNKNOWN") if info
                                                      else "no longer known to Slurm")
 
-    def wait(self, job_id: str, paths: RunPaths, on_change, poll: float = 2.0, timeout: Optional[float] = None,
+    def wait(self, run: dict, on_change=None, poll: float = 2.0, timeout: Optional[float] = None,
              stop_if_never_starts: bool = False) -> dict:
-        """Poll one job until it ends; ``on_change(text)`` whenever its Slurm state or the job's
+        """Poll RUN's job until it ends; ``on_change(text)`` whenever its Slurm state or the job's
         phase changes. STOP_IF_NEVER_STARTS: also return (still PENDING) once it pends for a
-        reason that cannot clear by itself. Returns scontrol's last answer."""
+        reason that cannot clear by itself. Returns scontrol's last answer, with "state"."""
+        job_id, paths, on_change = run["job_id"], RunPaths(Path(run["run_dir"])), on_change or (lambda text: None)
         deadline = None if timeout is None else time.monotonic() + timeout
         last, misses = None, 0
         while True:
@@ -102,16 +103,16 @@ class SlurmBackend:
             state = info.get("JobState", "UNKNOWN")
             if slurm.ended(info) or state == "UNKNOWN" or (stop_if_never_starts and slurm.never_starts(info)) \
                     or (deadline is not None and time.monotonic() > deadline):
-                return info
+                return dict(info, state=state)
             time.sleep(poll)
 
-    def wait_many(self, runs: List[dict], on_change, poll: float = 5.0, timeout: Optional[float] = None,
+    def wait_many(self, runs: List[dict], on_change=None, poll: float = 5.0, timeout: Optional[float] = None,
                   stop_if_never_starts: bool = False) -> dict:
         """Poll many runs (a sweep's points, one batched query a poll) until every one has
         ended; ``on_change({state: count})`` when the counts change. {run_dir: state}. With
         STOP_IF_NEVER_STARTS, also return once every point still waiting can never start."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        last = None
+        last, on_change = None, on_change or (lambda counts: None)
         while True:
             infos = self.states(runs)
             now = {d: info.get("state", "UNKNOWN") for d, info in infos.items()}
