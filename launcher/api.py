@@ -102,11 +102,12 @@ def check(recipe, overrides: List[str] = (), local: bool = False, environ: Optio
     except RecipeError as e:  # shown last: what submit would say, after what it would run
         refusal = e
     try:
-        pre, plan = _verl(loaded, environ, True)
+        pre = _preflight(loaded, environ, True)
     except RecipeError as e:
         if refusal is None:
             raise
         return Report([("preflight", str(e))], refusal=refusal)
+    plan = _resolve(loaded, pre)
     lines = verl_lines(plan, pre)
     c = r.cluster
     lines += [("recipe", r.source),
@@ -166,13 +167,16 @@ def _sweep_verl_line(sw) -> str:
                                                  if first.status == "ok" else "")
 
 
-def _verl(loaded, environ, verl: bool):
-    """verl's own checks (VERL false: skipped, as --no-check), then the plan, resolved once with
-    what verl resolved: (Preflight or None, Plan)."""
+def _preflight(loaded, environ, verl: bool):
+    """verl's own checks: a Preflight, or None where VERL is false (skipped, as --no-check)."""
     from . import preflight as pf
 
-    pre = pf.run(loaded.recipe, environ) if verl else None
-    return pre, loaded.resolve(pre.config if pre is not None else None)
+    return pf.run(loaded.recipe, environ) if verl else None
+
+
+def _resolve(loaded, pre):
+    """The plan, resolved once, with what verl's preflight resolved (refuses too few CPUs)."""
+    return loaded.resolve(pre.config if pre is not None else None)
 
 
 def verl_lines(plan, pre) -> List[Line]:
@@ -226,7 +230,8 @@ def dryrun(recipe, overrides: List[str] = (), local: bool = False, check: bool =
         raise RecipeError("--max-parallel is for a sweep (-m)", where="command line")
     loaded = load(recipe, overrides, local, environ, notes=out)
     require(loaded.recipe, environ)
-    pre, plan = _verl(loaded, environ, check)
+    pre = _preflight(loaded, environ, check)
+    plan = _resolve(loaded, pre)
     if out is not None:
         for label, text in verl_lines(plan, pre):
             print(f"{label:<11} {text}", file=out)
