@@ -20,9 +20,20 @@ from dataclasses import dataclass, field
 from typing import List, Mapping, Optional, TextIO, Tuple
 
 from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NEVER_STARTS, RecipeError, SlurmError  # noqa: F401
-from .state import never_starts_text  # noqa: F401
-from .slurm import TERMINAL  # noqa: F401
-from .api_runs import Run, SweepRun, image_import, merge, merge_dryrun, run, runs, served, wait_merge  # noqa: F401
+
+# What has been submitted (api_runs.py), loaded on first use: render and check never pay for it.
+_LATER = {"Run": "api_runs", "SweepRun": "api_runs", "image_import": "api_runs", "merge": "api_runs",
+          "merge_dryrun": "api_runs", "run": "api_runs", "runs": "api_runs", "served": "api_runs",
+          "wait_merge": "api_runs", "never_starts_text": "state", "TERMINAL": "slurm"}
+
+
+def __getattr__(name):
+    if name in _LATER:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LATER[name]}", __package__), name)
+    raise AttributeError(f"module 'launcher.api' has no attribute {name!r}")
+
 
 Line = Tuple[str, str]  # (label, text): one line of a report, printed as f"{label:<11} {text}"
 
@@ -256,6 +267,8 @@ def submit(recipe, overrides: List[str] = (), local: bool = False, check: bool =
     environ = os.environ if environ is None else environ
     req = recipe if isinstance(recipe, Request) else dryrun(recipe, overrides, local, check, environ, out, start)
     rec = backends.choose(req.local).schedule(req, environ, out)
+    from .api_runs import Run, SweepRun
+
     return (SweepRun if req.is_sweep else Run)(job_id=rec["job_id"], run_dir=rec["run_dir"])
 
 
