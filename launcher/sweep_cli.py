@@ -13,7 +13,7 @@ from .console import redact
 def submitted(run, req, args, out) -> int:
     """The job array queued: its points, then how to follow it (or --wait for them all)."""
     info = {"job_id": run.job_id, "sweep_dir": run.run_dir, "name": req.meta["name"],
-            "points": run.record.get("points") or [p.meta["point"] for p in req.points]}
+            "points": req.record(run.job_id)["points"]}  # each with its job id and run dir
     if args.json and not args.wait:
         print(json.dumps(info))
         return 0
