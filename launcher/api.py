@@ -24,7 +24,7 @@ from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NEVER_STARTS, RecipeError,
 # What has been submitted (api_runs.py), loaded on first use: render and check never pay for it.
 _LATER = {"Run": "api_runs", "SweepRun": "api_runs", "image_import": "api_runs", "merge": "api_runs",
           "merge_dryrun": "api_runs", "run": "api_runs", "runs": "api_runs", "served": "api_runs",
-          "wait_merge": "api_runs", "never_starts_text": "state", "TERMINAL": "slurm"}
+          "wait_merge": "api_runs", "steps_done": "api_runs", "never_starts_text": "state", "TERMINAL": "slurm"}
 
 
 def __getattr__(name):

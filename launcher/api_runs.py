@@ -5,10 +5,11 @@ state lives below, in state.py; where a run went (Slurm or here), in backends/."
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional, Union
+from typing import Callable, Dict, Iterator, List, Optional, Union
 
 from . import state
 from .errors import RecipeError, SlurmError
@@ -39,11 +40,14 @@ class Run:
         """Slurm's state (PENDING, RUNNING, COMPLETED, ...), or a local run's."""
         return state.states([self.record]).get(self.run_dir, {}).get("state", "UNKNOWN")
 
-    def status(self) -> dict:
+    def status(self, traces: bool = True) -> dict:
         """What `status --json` prints: state, phase, progress, step, why it stopped, exit code,
-        links (URLs only; link_templates and links_note where wandb.entity is unset), merges."""
+        links (URLs only; link_templates and links_note where wandb.entity is unset), merges;
+        with TRACES, the trajectories Weave received against the estimate (one query, once the
+        job has started; None if the run is not traced to Weave)."""
         run = self.record
         row = state.row(run, state.states([run])[self.run_dir])
+        row["traces"] = self._traces_seen(row) if traces else None
         shown = state.wandb_links(run)
         row["links"] = shown if run.get("entity") else {}
         row["link_templates"] = {} if run.get("entity") else shown
@@ -51,6 +55,46 @@ class Run:
         row["stdout"] = str(self.paths.stdout(run["job_id"]))
         row["merges"] = state.merges(run)
         return row
+
+    def traces(self, step=None, sample_index: Optional[int] = None, rollout_n: Optional[int] = None,
+               validate: Optional[bool] = None, experiment: Optional[str] = None, limit: Optional[int] = None,
+               nested: bool = False, call_ids: Optional[List[str]] = None, environ=None) -> Iterator[dict]:
+        """The run's traced trajectories (`verl-launch traces`), oldest first, filtered by Weave's
+        own query: STEP is N, 'N:M', (N, M) or a list of them. Each is a dict: call_id, op, step,
+        sample_index, rollout_n, validate, experiment, turns, tool_calls, reward; with NESTED, its
+        inputs, output and calls (each nested call's op, inputs, output). Streams: nothing is
+        held but one page. Raises RecipeError (not traced, no key, a bad step) or RemoteError."""
+        from . import traces
+
+        steps = [] if step is None else step if isinstance(step, list) else [step]
+        f = traces.Filters([s if isinstance(s, tuple) else traces.parse_step(s) for s in steps], sample_index,
+                           rollout_n, validate, experiment, limit)
+        return traces.trajectories(traces.source(self.record, os.environ if environ is None else environ), f,
+                                   nested, call_ids)
+
+    def trace_tally(self, environ=None):
+        """Training trajectories per step against `check`'s estimate (traces.Tally: counts,
+        estimate, short = the completed steps that have fewer; text())."""
+        from . import traces
+
+        src = traces.source(self.record, os.environ if environ is None else environ)
+        return traces.tally(src, steps_done(self.status(traces=False).get("step")))
+
+    def _traces_seen(self, row: dict) -> Optional[dict]:
+        from . import traces
+
+        if state.tracking(self.record)[1] != "weave" or row["state"] in ("PENDING", "UNKNOWN"):
+            return None
+        if traces.wandb_of(self.record).get("reach_timeout") == 0:
+            return None  # the recipe says nothing contacts W&B (the sandbox demo): `traces` still reads them
+        try:
+            t = self.trace_tally()
+        except (RecipeError, SlurmError) as e:
+            return {"text": f"not counted: {e}", "error": str(e)}
+        out = {"received": t.total, "per_step": t.counts, "estimate": t.estimate, "short": t.short, "text": t.text()}
+        if not t.total:
+            out["text"] += ": " + traces.why_none(self.record)
+        return out
 
     def wait(self, poll: float = 5.0, timeout: Optional[float] = None,
              on_change: Optional[Callable[[str], None]] = None) -> str:
@@ -132,6 +176,14 @@ class SweepRun(Run):
         backend.cancel(self.record)
         final = backend.wait_many(pts, poll=1.0, timeout=timeout)
         return {p["job_id"]: _cancelled(RunPaths(Path(p["run_dir"])), final[p["run_dir"]]) for p in pts}
+
+
+def steps_done(step) -> Optional[int]:
+    """'3/3' -> 3: the training steps a run completed (state.last_step), if known."""
+    try:
+        return int(str(step).split("/")[0]) if step else None
+    except ValueError:
+        return None
 
 
 def _never_starts(why: str, job_id: str, who: str) -> SlurmError:

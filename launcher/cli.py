@@ -53,8 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="verl-launch",
         description="Render, check and submit VERL runs (Ray + Weave tracing) to Slurm, one run or a "
-                    "sweep (-m, one job array); follow them: list, status, logs, cancel; and merge a run's "
-                    "checkpoint into a Hugging Face model.",
+                    "sweep (-m, one job array); follow them: list, status, logs, cancel; read their traced "
+                    "trajectories back (traces); and merge a run's checkpoint into a Hugging Face model.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"verl-launch {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -150,6 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     mg.add_argument("--dry-run", action="store_true", help="say what would be submitted (checkpoint, target, "
                                                            "memory, GPUs, interpreter); submit nothing")
     mg.add_argument("--json", action="store_true", help='print one JSON object: {"job_id", "target", "step"}')
+    from .traces_cli import add_parser as traces_parser
+
+    traces_parser(sub, REF_HELP)
     cn = sub.add_parser("cancel", help="scancel a run and wait for its terminal state",
                         description="scancel a run, wait for its terminal state, and record it in the run.")
     cn.add_argument("ref", metavar="JOB|RUN_DIR", help=REF_HELP)
@@ -177,6 +180,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.command in RECIPE_COMMANDS or args.command in ("merge", "image"):
             from . import run_cli as commands
+        elif args.command == "traces":
+            from . import traces_cli as commands
         else:
             from . import jobs as commands  # the job toolkit
         return _flushed(getattr(commands, f"cmd_{args.command}")(args))

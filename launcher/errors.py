@@ -23,3 +23,7 @@ class RecipeError(Exception):
 
 class SlurmError(Exception):
     """A Slurm command failed, or the run asked for is unknown (exit code 1)."""
+
+
+class RemoteError(SlurmError):
+    """A service the run uses (W&B, Weave) could not be reached or answered wrongly (exit code 1)."""

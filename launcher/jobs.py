@@ -72,6 +72,8 @@ def cmd_status(args) -> int:
         print(f"W&B {name:<7} {url}{note}")
     if row["links_note"] and "project" not in shown:
         print(f"W&B note    {row['links_note']}")
+    if row.get("traces"):
+        print(redact(f"traces     {row['traces']['text']}"))
     for m in row["merges"]:
         done = f"merged, {m['parameters']:,} parameters" if m.get("parameters") else m["state"]
         served = m.get("serve_check")
@@ -159,6 +161,8 @@ def follow(run, out) -> dict:
     print(("\n" if open_line[0] else "") + redact(f"job {run.job_id} {st['state']} exit code {st['exit_code']}"
                                                   + (f" - {why}" if why else "") + f"; output in {st['stdout']}"),
           file=out)
+    if st.get("traces"):
+        print(redact(f"traces     {st['traces']['text']}"), file=out)
     return st
 
 

@@ -45,29 +45,43 @@ def needs_key(r: Recipe) -> bool:
 
 
 def wandb_host(r: Recipe) -> str:
-    return urlparse(r.wandb.base_url).hostname if r.wandb.base_url else DEFAULT_HOST
+    return host_of(r.wandb.base_url)
 
 
 def looks_like_key(value: str) -> bool:
     return bool(_KEY.fullmatch(value) or _JWT.fullmatch(value))
 
 
+WHERE_KEYS = f"${KEY_ENV}, wandb.api_key_file, or ~/.netrc"  # where keys are looked for, in order
+
+
+def host_of(base_url: Optional[str]) -> str:
+    """The W&B host of a base URL (what ~/.netrc names)."""
+    return (urlparse(base_url).hostname if base_url else None) or DEFAULT_HOST
+
+
 def find_key(r: Recipe, environ: Mapping[str, str]) -> Optional[KeySource]:
     """The first key source for this recipe, or None. Raises RecipeError (exit 2) for a
     refused source, with a message that never holds the value."""
+    return find_key_at(r.wandb.base_url, r.wandb.api_key_file, r.source, environ)
+
+
+def find_key_at(base_url: Optional[str], api_key_file: Optional[str], source: str,
+                environ: Mapping[str, str]) -> Optional[KeySource]:
+    """find_key for W&B at BASE_URL, with that key file (named in the file SOURCE)."""
     value = environ.get(KEY_ENV, "").strip()
     if value:
         _check_format(value, where="environment", key=KEY_ENV)
         return KeySource("environment", value)
-    if r.wandb.api_key_file:
-        path = r.wandb.api_key_file
-        value = read_private_file(path, where=r.source, key="wandb.api_key_file")
+    if api_key_file:
+        path = api_key_file
+        value = read_private_file(path, where=source, key="wandb.api_key_file")
         _check_format(value, where=path, key="wandb.api_key_file")
         return KeySource(f"file {path}", value)
     home = environ.get("HOME") or os.path.expanduser("~")
     path = os.path.join(home, ".netrc")
     if os.path.isfile(path):
-        host = wandb_host(r)
+        host = host_of(base_url)
         read_private_file(path, where=path, key="permissions")  # as strict as the job's check
         try:
             auth = netrc.netrc(path).authenticators(host)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from verl_train import NODE_IP, train  # noqa: E402
+from verl_train import BRIDGE, NODE_IP, train  # noqa: E402
+from wandb_standin import StandIn  # noqa: E402
 
 
 def _num(value, fmt: str) -> str:
@@ -57,15 +59,33 @@ def main(argv=None) -> int:
     env = dict(os.environ, WANDB_API_KEY="sandbox-" + secrets.token_hex(24), RAY_AUTH_MODE="disabled")
     env.pop("WANDB_BASE_URL", None)
     experiment = time.strftime("demo-%Y%m%d-%H%M%S")
-    job = train(node_python=args.node_python, runs=Path(args.runs), env=env, echo=True,
-                overrides=[f"wandb.experiment={experiment}", *args.overrides])
-    sys.stderr.write(job.err[-3000:] if job.returncode else "")
-    if job.run_dir is None:
-        print("no run directory: submit failed (see above)", file=sys.stderr)
-        return job.returncode or 1
-    print("--- what verl logged, Ray ran and the W&B stand-in received:")
-    print(report(job))
+    with StandIn(host=BRIDGE, api_key=env["WANDB_API_KEY"]) as w:  # up after the job: `traces` reads it
+        job = train(node_python=args.node_python, runs=Path(args.runs), env=env, echo=True, standin=w,
+                    overrides=[f"wandb.experiment={experiment}", *args.overrides])
+        sys.stderr.write(job.err[-3000:] if job.returncode else "")
+        if job.run_dir is None:
+            print("no run directory: submit failed (see above)", file=sys.stderr)
+            return job.returncode or 1
+        print("--- what verl logged, Ray ran and the W&B stand-in received:")
+        print(report(job))
+        if job.trajectories:
+            show_traces(job, env)
     return job.returncode
+
+
+def show_traces(job, env) -> None:
+    """The trajectories read back as a user would: the list, one shown, two steps compared."""
+    def cli(*args):
+        print(f"--- verl-launch traces {' '.join(args)}", flush=True)
+        subprocess.run([sys.executable, "-m", "launcher.cli", "traces", job.job_id, *args], env=env,
+                       cwd=Path(__file__).resolve().parent.parent, stdin=subprocess.DEVNULL)
+
+    cli("--limit", "6")
+    first = min(job.trajectories, key=lambda c: c.get("started_at") or "")
+    cli("--show", first["id"])
+    a = first["attributes"]
+    cli("--compare", "--sample-index", str(a["sample_index"]), "--rollout-n", str(a["rollout_n"]),
+        "--step", "1", "--step", "3")
 
 
 if __name__ == "__main__":

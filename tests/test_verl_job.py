@@ -25,7 +25,8 @@ import pytest
 
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
-from verl_train import NODE_IP, job_env, parse_steps, phases as _phases, plain as _plain, train
+from wandb_standin import StandIn
+from verl_train import BRIDGE, NODE_IP, job_env, parse_steps, phases as _phases, plain as _plain, train
 
 RECIPE = RECIPES / "sandbox-verl.yaml"
 STEPS = 3  # the recipe's trainer.total_training_steps
@@ -70,14 +71,16 @@ def test_one_cpu_short_of_what_verl_holds_is_refused_before_the_queue(cli, clean
 # ----------------------------------------------------------------------------- the training job
 @pytest.fixture(scope="module")
 def trained(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
-    """recipes/sandbox-verl.yaml as shipped, followed with `submit --wait`, once for this module."""
+    """recipes/sandbox-verl.yaml as shipped, followed with `submit --wait`, once for this module.
+    Its W&B stand-in stays up for the module: `traces` reads the trajectories back from it."""
     tmp = tmp_path_factory.mktemp("trained")
     env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp))
     before = _ray_sessions()
-    job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900)
-    job.env, job.tmp, job.new_ray_sessions = env, tmp, _ray_sessions() - before
-    assert job.run_dir is not None, job.out + job.err
-    return job
+    with StandIn(host=BRIDGE, api_key=wandb_key) as w:
+        job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900, standin=w)
+        job.env, job.tmp, job.new_ray_sessions, job.standin = env, tmp, _ray_sessions() - before, w
+        assert job.run_dir is not None, job.out + job.err
+        yield job
 
 
 @pytest.mark.sandbox
@@ -85,8 +88,9 @@ def test_verl_trains_every_step_and_the_weights_reach_vllm(trained):
     """verl's own log: steps 1..N, real gradients from a reward that varies, and vLLM's token
     probabilities matching the actor's after each weight sync; the job ends COMPLETED."""
     assert trained.returncode == 0, trained.out[-3000:] + trained.err[-2000:]
-    last = trained.out.strip().splitlines()[-1]
+    last, traced = trained.out.strip().splitlines()[-2:]
     assert last.startswith(f"job {trained.job_id} COMPLETED"), last
+    assert re.fullmatch(rf"traces +\d+ received, steps 1-{STEPS}, \d+/step as estimated", traced), traced
     steps = trained.steps
     assert sorted(steps) == list(range(1, STEPS + 1)), trained.log[-3000:]
     for n, m in steps.items():
@@ -141,6 +145,40 @@ def test_every_trajectory_is_traced_to_weave_from_both_nodes_as_check_estimates(
     assert {NODE_IP.get(c["client"]) for c in trajectories} == {"node1", "node2"}
     inside = {c["parent_id"] for c in trained.calls if c["short_name"].endswith(".generate")}
     assert {c["id"] for c in trajectories} <= inside  # each trajectory's generate call sits inside it
+
+
+@pytest.mark.sandbox
+def test_traces_reads_the_training_runs_trajectories_back(trained, cli):
+    """`verl-launch traces` lists exactly what the stand-in recorded, per step as estimated;
+    --step picks one step's; --show prints verl's decoded prompt and response (token2text);
+    --compare puts two steps of one sample side by side; --expect passes."""
+    env = trained.env
+    listed = cli("traces", trained.job_id, env=env)
+    assert listed.returncode == 0, listed.stderr
+    ids = [line.split()[-1] for line in listed.stdout.splitlines()[1:-1]]
+    assert sorted(ids) == sorted(c["id"] for c in trained.trajectories)
+    per_step = trained.run_record["traces_per_step"]
+    assert listed.stdout.strip().splitlines()[-1] == (
+        f"{len(ids)} trajectories, steps 1-{STEPS}, {per_step}/step as estimated")
+    two = [json.loads(x) for x in cli("traces", trained.job_id, "--step", "2", "--json", env=env).stdout.splitlines()]
+    assert len(two) == per_step and {t["step"] for t in two} == {2}
+    assert all(c["op"].endswith(".generate") for t in two for c in t["calls"]) and all(t["turns"] == 1 for t in two)
+    t = two[0]
+    show = cli("traces", trained.job_id, "--show", t["call_id"], env=env)
+    assert show.returncode == 0, show.stderr
+    assert f"prompt     {t['output']['prompt_text'].splitlines()[0]}" in show.stdout, show.stdout
+    assert f"response   {t['output']['response_text'].splitlines()[0]}" in show.stdout, show.stdout
+    # 3 steps x 4 of 256 shuffled samples draw no sample twice: compare steps 1 and 3 by call id (one
+    # sample across steps, picked by filters, is compared in test_trace_reads.py)
+    ends = [json.loads(cli("traces", trained.job_id, "--step", str(n), "--rollout-n", "0", "--limit", "1", "--json",
+                           env=env).stdout) for n in (1, STEPS)]
+    cmp = cli("traces", trained.job_id, "--compare", *[t["call_id"] for t in ends], env=env)
+    assert cmp.returncode == 0, cmp.stderr
+    rows = {line[2:15].strip(): line for line in cmp.stdout.splitlines()}
+    assert rows["step"].startswith("*") and rows["step"].split()[-2:] == ["1", str(STEPS)], cmp.stdout
+    assert rows["prompt"].startswith("*") and rows["response"].startswith("*"), cmp.stdout  # two samples' texts
+    assert cli("traces", trained.job_id, "--expect", env=env).returncode == 0
+    assert trained.standin.unknown == []  # every read was answered
 
 
 @pytest.mark.sandbox

@@ -10,6 +10,7 @@ the metrics wandb logged). Shared by tests/test_verl_job.py, `make demo-verl`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -161,6 +162,10 @@ class Trained:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    @property
+    def run_record(self) -> dict:
+        return json.loads((self.run_dir / "run.json").read_text())
+
     def nodes_of(self, cls: str) -> List[str]:
         return sorted(node for c, node, _ in self.actors.values() if c == cls)
 
@@ -208,12 +213,13 @@ RUN_DIR_LINE = re.compile(r"^\s+run dir\s+(\S+)\s*$")  # submit's "  run dir  PA
 
 
 def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "team", timeout: float = 900,
-          echo: bool = False, during=None) -> Trained:
+          echo: bool = False, during=None, standin: Optional[StandIn] = None) -> Trained:
     """Submit recipes/sandbox-verl.yaml (`submit --wait`) with NODE_PYTHON on the nodes and a
     W&B stand-in on the sandbox's bridge (ENV's WANDB_API_KEY is its key), and collect.
-    DURING(run_dir, first_log) is called as the job runs (first_log: step -> when first logged)."""
+    DURING(run_dir, first_log) is called as the job runs (first_log: step -> when first logged).
+    STANDIN: a stand-in of the caller's (on BRIDGE), left running after the job, to read from."""
     key = env["WANDB_API_KEY"]
-    with StandIn(host=BRIDGE, api_key=key) as w:
+    with (contextlib.nullcontext(standin) if standin else StandIn(host=BRIDGE, api_key=key)) as w:
         cmd = [sys.executable, "-m", "launcher.cli", "submit", str(RECIPE), f"runtime.python={node_python}",
                f"paths.runs={runs}", f"wandb.base_url={w.url}", f"wandb.entity={entity}",
                "wandb.reach_timeout=5", *overrides, "--wait"]

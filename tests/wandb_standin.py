@@ -18,6 +18,7 @@ records what it gets:
                      # output (console lines), files (uploaded name -> bytes),
                      # exit_code (None until wandb.finish), resumed (times resumed)
         w.requests   # every request: (method, path, authorized)
+        w.forget(lambda c: c["attributes"].get("step") == 2)   # a fault: calls the server lost
 
 Endpoints (weave's paths all sit under ``/traces``, as weave derives its trace server
 URL as ``<WANDB_BASE_URL>/traces``):
@@ -39,6 +40,9 @@ URL as ``<WANDB_BASE_URL>/traces``):
 - ``POST /traces/v2/<entity>/<project>/call/start|end``  eager single start/end
 - ``POST /traces/obj/create``, ``/traces/file/create``, ``/traces/table/create``
 - ``POST /traces/service/projects_info``            (only with client-side digests on)
+- ``POST /traces/calls/stream_query``, ``/traces/calls/query_stats``, ``/traces/call/read``:
+  reads over the recorded calls, in the subset of Weave's query language that
+  tests/standin_query.py names (what the real client writes, it reads back)
 Anything else gets a 404 and lands in ``.unknown`` (an unknown GraphQL operation as
 ``("POST /graphql", <its first line>)``), so a newer client that needs more shows up
 there instead of silently losing data. Not answered: artifacts (so a logged wandb.Table,
@@ -69,6 +73,8 @@ import urllib.parse
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
+
+import standin_query
 
 # weave refuses a server whose version it does not know to be compatible; a high
 # version with a low client requirement passes every check.
@@ -168,6 +174,13 @@ class StandIn:
                 self._changed.wait(left)
         return True
 
+    def forget(self, predicate: Callable[[dict], bool]) -> int:
+        """Drop the recorded calls PREDICATE holds for (traces a server lost); how many."""
+        with self._changed:
+            kept = [c for c in self.calls if not predicate(c)]
+            gone, self.calls[:] = len(self.calls) - len(kept), kept
+            return gone
+
     def calls_named(self, suffix: str) -> list[dict[str, Any]]:
         """Calls whose op name ends with suffix (weave turns op names into refs)."""
         return [c for c in self.calls if _op_short_name(c["op_name"]).endswith(suffix)]
@@ -195,6 +208,15 @@ class StandIn:
             result = update(run)
             self._changed.notify_all()
             return result
+
+
+_READS = ("/traces/calls/stream_query", "/traces/calls/query_stats", "/traces/call/read")
+
+
+def _chain(first, rest):
+    if first is not None:
+        yield first
+        yield from rest
 
 
 def _new_run() -> dict[str, Any]:
@@ -250,6 +272,12 @@ def _call_record(start: dict, end: dict | None, entity: str, project: str, auth_
         "output": end.get("output"),
         "exception": end.get("exception"),
         "id": start.get("id"),
+        "display_name": start.get("display_name"),
+        "started_at": start.get("started_at"),
+        "ended_at": end.get("ended_at"),
+        "summary": end.get("summary"),
+        "wb_run_id": start.get("wb_run_id"),
+        "wb_user_id": start.get("wb_user_id"),
         "trace_id": start.get("trace_id"),
         "parent_id": start.get("parent_id"),
         "entity": entity,
@@ -311,12 +339,47 @@ def _make_handler(standin: StandIn):
             body = _decode_body(raw, self.headers.get("Content-Encoding", "")) if raw else None
             if method == "POST":
                 standin._record(body=body, path=path)
+            if method == "POST" and path in _READS:
+                return self._read(path, body, ok)
             # Routed even without the key, so calls sent with a wrong key are recorded
             # (auth_ok False) and a test can see what would have leaked; the answer is 401.
             status, payload = self._route(method, path, body, raw, ok, self.client_address[0])
             if not ok:
                 status, payload = 401, {"errors": [{"message": "stand-in: missing or wrong API key"}]}
             self._reply(status, payload)
+
+        def _read(self, path: str, body: Any, ok: bool) -> None:
+            """A read: nothing without the key; stream_query's lines go out as they are made."""
+            if not ok:
+                return self._reply(401, {"errors": [{"message": "stand-in: missing or wrong API key"}]})
+            with standin._lock:
+                calls = list(standin.calls)
+            body = body if isinstance(body, dict) else {}
+            try:
+                if path == "/traces/calls/query_stats":
+                    return self._reply(200, standin_query.stats(calls, body))
+                if path == "/traces/call/read":
+                    return self._reply(200, {"call": standin_query.read(calls, body.get("project_id"), body.get("id"))})
+                lines = standin_query.select(calls, body)
+                first = next(lines, None)   # a bad query is a 400, before any line is sent
+            except (standin_query.QueryError, KeyError, TypeError) as e:
+                return self._reply(400, {"detail": f"stand-in: {e}"})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/jsonl")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            chunk = []
+            for call in _chain(first, lines):
+                chunk.append(json.dumps(call) + "\n")
+                if len(chunk) >= 64:
+                    self._chunk("".join(chunk).encode())
+                    chunk = []
+            if chunk:
+                self._chunk("".join(chunk).encode())
+            self.wfile.write(b"0\r\n\r\n")
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
 
         def _route(self, method: str, path: str, body: Any, raw: bytes, ok: bool,
                    client: str) -> tuple[int, Any]:
