@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install node-env system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-first-step bench-dead-engine clean
+.PHONY: install node-env system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine clean
 
 install: $(VENV)/.installed
 
@@ -109,6 +109,9 @@ bench-dead-engine: install node-env
 
 bench-sweep: install
 	$(PY) bench/sweep_bench.py
+
+bench-traces: install
+	$(PY) bench/traces_bench.py --repeat 2
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info
