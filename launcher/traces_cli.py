@@ -11,7 +11,7 @@ from typing import List
 from . import api
 from .console import fail
 
-HEAD = f"{'STEP':>4} {'SAMPLE':>6} {'ROLLOUT':>7} {'SPLIT':<5} {'AGENT LOOP':<22} {'TURNS':>5} {'TOOLS':>5} {'REWARD':>7}  CALL ID"
+HEAD = f"{'STEP':>4} {'SAMPLE':>6} {'ROLLOUT':>7} {'SPLIT':<5} {'AGENT LOOP':<24} {'TURNS':>5} {'TOOLS':>5} {'REWARD':>7}  CALL ID"
 
 
 def add_parser(sub, ref_help: str) -> None:
@@ -73,7 +73,7 @@ def cmd_traces(args) -> int:
         if shown == 1:
             print(HEAD)
         print(f"{_s(t['step']):>4} {_s(t['sample_index']):>6} {_s(t['rollout_n']):>7} "
-              f"{'val' if t['validate'] else 'train':<5} {t['op'][:22]:<22} {t['turns']:>5} {t['tool_calls']:>5} "
+              f"{'val' if t['validate'] else 'train':<5} {t['op'][:24]:<24} {t['turns']:>5} {t['tool_calls']:>5} "
               f"{_reward(t['reward']):>7}  {t['call_id']}", flush=shown <= 30)
     if args.json:
         return 0

@@ -83,9 +83,8 @@ def show_traces(job, env) -> None:
     cli("--limit", "6")
     first = min(job.trajectories, key=lambda c: c.get("started_at") or "")
     cli("--show", first["id"])
-    a = first["attributes"]
-    cli("--compare", "--sample-index", str(a["sample_index"]), "--rollout-n", str(a["rollout_n"]),
-        "--step", "1", "--step", "3")
+    last = max(job.trajectories, key=lambda c: c.get("started_at") or "")
+    cli("--compare", first["id"], last["id"])  # the first step's first against the last step's last
 
 
 if __name__ == "__main__":
