@@ -301,3 +301,20 @@ def test_a_run_that_was_not_traced_is_exit_2(written, tmp_path):
     untraced = _local_run(written, tmp_path, "trace.backend=none")
     p = traces(untraced)
     assert p.returncode == 2 and "the run was not traced" in p.stderr, p.stderr
+
+
+def test_the_api_reads_what_the_cli_lists(run, monkeypatch):
+    """Run.traces and Run.trace_tally, called as a user's script would: the CLI's semantics."""
+    import launcher
+
+    monkeypatch.setenv("VERL_LAUNCH_STATE", run["env"]["VERL_LAUNCH_STATE"])
+    r = launcher.run(run["job_id"])
+    got = list(r.traces(step="2:3", rollout_n=1, environ=run["env"]))
+    assert {(t["step"], t["sample_index"], t["rollout_n"]) for t in got} == {(s, i, 1) for s in (2, 3) for i in (0, 1)}
+    assert all(t["tool_calls"] == 1 and t["turns"] == 2 for t in got)
+    listed = [json.loads(x)["call_id"] for x in traces(run, "--json", "--step", "2:3", "--rollout-n", "1").stdout.splitlines()]
+    assert [t["call_id"] for t in got] == listed
+    tally = r.trace_tally(environ=run["env"])
+    assert (tally.counts, tally.estimate, tally.short) == ({1: 4, 2: 4, 3: 4}, 4, [])
+    with pytest.raises(launcher.RecipeError, match="--step"):
+        list(r.traces(step="3:1", environ=run["env"]))
