@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install node-env system-deps test demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine clean
+.PHONY: install node-env system-deps test test-quick demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine clean
 
 install: $(VENV)/.installed
 
@@ -45,10 +45,16 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# Everything on a sandbox without accounting, then the job toolkit again with slurmdbd.
+# Everything on a sandbox without accounting, then the tests that read accounting again with
+# slurmdbd. docs/testing.md: the tiers, which training job serves which tests.
 test: system-deps install node-env
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15
-	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m "accounting and not no_accounting_pass"
+	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting
+
+# The edit-test loop: what needs neither the Slurm sandbox nor verl's trainer (no root, no
+# node environment), in a few minutes.
+test-quick: install
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m "not sandbox and not train"
 
 sandbox-up: system-deps
 	@bash $(SANDBOX)/sandbox-up.sh

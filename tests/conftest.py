@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -26,9 +27,79 @@ def run_cli(*args, env=None, cwd=None, timeout=120) -> subprocess.CompletedProce
                           capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+class _Timeout(Exception):
+    pass
+
+
+def run_cli_here(*args, env=None, cwd=None, timeout=120) -> subprocess.CompletedProcess:
+    """verl-launch's main() in this process, as run_cli would see it: ENV as the whole
+    environment, CWD, no stdin, stdout and stderr captured, the exit code (argparse's too), and
+    TIMEOUT as subprocess.TimeoutExpired. What it saves is the interpreter's start and the
+    launcher's imports (~0.5 s a call); for the tests that need neither Slurm nor verl's
+    trainer (the cli fixture), never with threads."""
+    import io
+    import signal
+
+    from launcher import cli as launcher_cli, recipe as launcher_recipe
+
+    argv = list(map(str, args))
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    # what a process says once (recipe warnings): a new process's worth for each call
+    saved_said = set(launcher_recipe._SAID)
+    launcher_recipe._SAID.clear()
+    out, err = io.StringIO(), io.StringIO()
+
+    def expire(*_):
+        raise _Timeout()
+
+    old_alarm = signal.signal(signal.SIGALRM, expire)
+    try:
+        if env is not None:  # in place: what holds os.environ (a default argument) sees it too
+            os.environ.clear()
+            os.environ.update(env)
+        if cwd is not None:
+            os.chdir(cwd)
+        signal.alarm(max(1, int(timeout)))
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+                _stdin(io.StringIO("")):
+            try:
+                code = launcher_cli.main(argv)
+            except SystemExit as e:  # argparse's usage errors, --help, --version
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+    except _Timeout:
+        raise subprocess.TimeoutExpired(["verl-launch", *argv], timeout, out.getvalue(), err.getvalue()) from None
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old_alarm)
+        os.chdir(saved_cwd)
+        launcher_recipe._SAID.clear()
+        launcher_recipe._SAID.update(saved_said)
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(saved_env)
+    return subprocess.CompletedProcess(["verl-launch", *argv], code or 0, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def _stdin(stream):
+    saved, sys.stdin = sys.stdin, stream
+    try:
+        yield
+    finally:
+        sys.stdin = saved
+
+
 @pytest.fixture
-def cli():
-    return run_cli
+def cli(request):
+    """The CLI: in this process for tests that need neither Slurm nor verl's trainer (a third of
+    the quick tier's time was interpreters starting), a fresh interpreter for the rest (Slurm's
+    state and the job's processes are theirs, and a job's watcher caches Slurm's answers)."""
+    node = request.node
+    if node.get_closest_marker("sandbox") or node.get_closest_marker("train"):
+        return run_cli
+    return run_cli_here
 
 
 @pytest.fixture(scope="session")
@@ -37,12 +108,21 @@ def wandb_key() -> str:
     return "local-" + secrets.token_hex(24)
 
 
+@pytest.fixture(scope="session")
+def preflight_cache_home(tmp_path_factory) -> Path:
+    """One XDG_CACHE_HOME for the whole session: verl's verdict on an override list is worked out
+    once (~13 s), not once per test's fresh HOME. Tests about the cache set their own."""
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
 @pytest.fixture
-def clean_env(wandb_key, tmp_path):
-    """The environment without any real W&B key or Slurm config of the developer's."""
+def clean_env(wandb_key, tmp_path, preflight_cache_home):
+    """The environment without any real W&B key or Slurm config of the developer's; a HOME of
+    the test's own, and the session's shared cache (verl's preflight verdicts)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "SLURM_"))}
     env["WANDB_API_KEY"] = wandb_key
     env["HOME"] = str(tmp_path / "home")
+    env["XDG_CACHE_HOME"] = str(preflight_cache_home)
     return env
 
 
@@ -54,6 +134,34 @@ def smoke_assets(tmp_path_factory) -> Path:
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
+
+
+# Markers from what a test uses, so that they cannot drift from the code: `sandbox` where the
+# Slurm sandbox fixture is in its closure, `train` where the node environment is (verl's trainer
+# or vLLM runs). `make test-quick` runs the rest. A test that starts verl some other way marks
+# itself `train`.
+_MARK_BY_FIXTURE = {"sandbox": "sandbox", "node_python": "train"}
+# Under pytest-xdist (`make test`: -n 2 --dist loadgroup) every sandbox and training test runs in
+# this one group, one after another on one worker: there is one sandbox, and its jobs want every
+# CPU. The other worker takes the rest meanwhile.
+HEAVY_GROUP = "sandbox-and-training"
+
+
+def pytest_configure(config):
+    # xdist's workers get COLUMNS=80 (execnet); a test's CLI, its output piped, must see no
+    # terminal size of the runner's, with or without -n.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, marker in _MARK_BY_FIXTURE.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(marker)
+        if item.get_closest_marker("sandbox") or item.get_closest_marker("train"):
+            item.add_marker(pytest.mark.xdist_group(HEAVY_GROUP))
 
 
 _SANDBOX_SEEN = []

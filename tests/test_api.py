@@ -92,7 +92,6 @@ def test_check_reports_what_the_cli_prints(cli, api_env):
         launcher.check(str(DEMO), ov + ["cluster.nodes=0"], environ=environ)
 
 
-@pytest.mark.sandbox
 def test_submit_wait_status_logs_and_the_run_by_cluster_and_id(cli, on_sandbox):
     environ, ov = on_sandbox
     req = launcher.dryrun(str(DEMO), ov + ["cluster.nodes=1"], environ=environ)
@@ -123,7 +122,6 @@ def test_submit_wait_status_logs_and_the_run_by_cluster_and_id(cli, on_sandbox):
     assert listed[0]["job_id"] == run.job_id and listed[0]["state"] == "COMPLETED" and listed.note is None
 
 
-@pytest.mark.sandbox
 def test_cancel_ends_a_queued_job_and_records_it(on_sandbox, sandbox):
     environ, ov = on_sandbox
     run = launcher.submit(str(DEMO), ov + ["cluster.nodes=1", "cluster.sbatch_args=[--hold]"], environ=environ)
@@ -135,7 +133,6 @@ def test_cancel_ends_a_queued_job_and_records_it(on_sandbox, sandbox):
     assert run.status()["state"] == "CANCELLED"
 
 
-@pytest.mark.sandbox
 def test_wait_raises_for_a_job_that_can_never_start(on_sandbox, sandbox):
     environ, ov = on_sandbox
     run = launcher.submit(str(DEMO), ov + ["cluster.nodes=8"], environ=environ)  # the sandbox has 4
@@ -149,7 +146,6 @@ def test_wait_raises_for_a_job_that_can_never_start(on_sandbox, sandbox):
         sandbox.run("scancel", run.job_id)
 
 
-@pytest.mark.sandbox
 def test_a_sweep_is_one_array_with_points_1_to_n(on_sandbox, sandbox):
     environ, ov = on_sandbox
     sw = launcher.sweep(str(DEMO), ov + ["cluster.nodes=1", "verl.overrides.data.seed=1,2"], environ=environ)

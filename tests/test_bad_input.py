@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import os
 import stat
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -242,12 +241,8 @@ COMMANDS = (("check",), ("submit",), ("submit", "--dry-run"))
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input(case, cli, tmp_path, clean_env):
-    # check, submit and submit --dry-run side by side (each CLI start is ~0.5 s of imports);
-    # check's verdict is submit's, word for word
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(_run_rejected, cli, case, command, tmp_path / "-".join(command), clean_env)
-                   for command in COMMANDS]
-        verdicts = [f.result() for f in futures]
+    # check, submit and submit --dry-run; check's verdict is submit's, word for word
+    verdicts = [_run_rejected(cli, case, command, tmp_path / "-".join(command), clean_env) for command in COMMANDS]
     assert len(set(verdicts)) == 1, verdicts
     # the default paths.runs (~/verl-launch/runs) under the test's HOME stays untouched too
     assert not (Path(clean_env["HOME"]) / "verl-launch").exists()

@@ -19,7 +19,6 @@ from sandbox_procs import raylet_of
 
 # Not again with slurmdbd (the `accounting` pass): exclusion reads the job from scontrol, not
 # accounting, and the requeue with slurmdbd is test_requeue's; once keeps `make test` < 45 min.
-pytestmark = pytest.mark.sandbox
 
 
 def _submit(cli, sandbox, env, tmp_path, *overrides) -> dict:

@@ -15,7 +15,6 @@ import pytest
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes, raylets_of
 
-pytestmark = pytest.mark.sandbox
 RAY_COMMS = ("raylet", "gcs_server")
 
 

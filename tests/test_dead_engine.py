@@ -15,7 +15,6 @@ import pytest
 from sandbox_procs import job_processes
 from verl_train import job_env, kill_engine_mid_training
 
-pytestmark = pytest.mark.sandbox
 
 
 def test_a_dead_vllm_engine_ends_the_job_naming_it_and_leaves_nothing(sandbox, node_python, smoke_assets,

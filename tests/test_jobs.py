@@ -15,8 +15,6 @@ import pytest
 
 from conftest import RECIPES, submit_json
 
-pytestmark = [pytest.mark.sandbox, pytest.mark.accounting]
-
 
 @pytest.fixture
 def env(sandbox, clean_env, tmp_path):
@@ -80,6 +78,7 @@ def _counting_path(tmp_path: Path, env: dict) -> tuple[dict, Path]:
     return dict(env, PATH=f"{bindir}{os.pathsep}{env['PATH']}"), log
 
 
+@pytest.mark.accounting  # Slurm's controller no longer knows the job: sacct answers
 def test_status_of_200_runs_takes_a_bounded_number_of_queries(cli, sandbox, env, tmp_path):
     real = _submit(cli, env, tmp_path)
     sandbox.wait(real["job_id"])
@@ -96,6 +95,7 @@ def test_status_of_200_runs_takes_a_bounded_number_of_queries(cli, sandbox, env,
     assert len(calls) <= 3, calls  # one scontrol, one sacct (and its job-completion fallback)
 
 
+@pytest.mark.accounting  # the older run's job is not the controller's: sacct answers
 def test_reused_job_id_does_not_report_another_jobs_state(cli, sandbox, env, tmp_path):
     """Slurm restarts its ids when its state is wiped; a run must match its own job (by its run
     directory), never whatever job now holds the id."""
@@ -109,6 +109,7 @@ def test_reused_job_id_does_not_report_another_jobs_state(cli, sandbox, env, tmp
     assert json.loads(cli("status", real["run_dir"], "--json", env=env).stdout)["state"] == "COMPLETED"
 
 
+@pytest.mark.accounting  # Slurm's controller no longer knows the job: sacct answers
 def test_job_id_reused_after_controller_state_loss(cli, sandbox, env, tmp_path):
     """The controller loses its state and hands out job 1 again: each run keeps its own state."""
     sandbox.reset_controller()

@@ -95,7 +95,6 @@ def test_bad_checkpoints_are_refused_and_nothing_is_submitted(cli, checkpoints, 
         assert not (d / ".verl-launch-merge").exists() and not list(d.rglob("huggingface_merged"))
 
 
-@pytest.mark.sandbox
 @pytest.mark.accounting
 def test_merge_on_slurm_with_submitit_and_the_python_api(checkpoints, sandbox, clean_env, tmp_path, monkeypatch):
     """A run submitted from Python, its checkpoint merged on the sandbox's Slurm by submitit;

@@ -16,7 +16,6 @@ import pytest
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
 
-pytestmark = pytest.mark.sandbox
 
 NODE_LOCAL = Path("/tmp/verl-launch-sandbox/local")  # tests/cluster/sandbox-up.sh
 

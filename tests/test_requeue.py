@@ -1,11 +1,14 @@
-"""Requeue and preemption on the real sandbox: `scontrol requeue` of a running job, and the
-time-limit signal, each lead to a second run (restart count 1) with new log files, the resume
-overrides, and the same W&B run id."""
+"""Requeue and preemption on the real sandbox: Slurm's own time-limit signal leads to a second run
+(restart count 1) with new log files, the resume overrides, and the same W&B run id; and the
+job's checkpoint limit, on verl's own checkpoints, without Slurm. `scontrol requeue` and a
+requeue by USR1, with verl's own resume, are the resume run's (test_verl_resume.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -14,8 +17,6 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, submit_json
-
-pytestmark = [pytest.mark.sandbox, pytest.mark.accounting]
 
 
 def _phases(run_dir: str) -> list:
@@ -74,46 +75,6 @@ def _verl_checkpoints(ckpt: Path, *steps: int, latest: int) -> dict:
     return {int(k): v for k, v in json.loads(proc.stdout.strip().splitlines()[-1]).items()}
 
 
-def test_scontrol_requeue_restarts_and_resumes(cli, sandbox, clean_env, tmp_path):
-    # verl's limit on kept checkpoints, applied by the job to those verl does not know of (verl
-    # forgets them, verl#7395): here at the first run's teardown: step 1 goes; 2 and 3 (the one verl resumes from) stay, and so
-    # does 4, saved after the tracker was last written.
-    ckpt = tmp_path / "runs" / "checkpoints" / "sandbox-demo"
-    files = _verl_checkpoints(ckpt, 1, 2, 3, 4, latest=3)
-    info = _submit(cli, sandbox, clean_env, tmp_path, "verl.overrides.trainer.max_actor_ckpt_to_keep=2")
-    job, run_dir = info["job_id"], info["run_dir"]
-    try:
-        _wait_phase(sandbox, job, run_dir, "driver-start", 0)
-        _wait_until(lambda: _reported(run_dir, 0))
-        proc = sandbox.run("scontrol", "requeue", job)
-        assert proc.returncode == 0, proc.stderr
-        _wait_phase(sandbox, job, run_dir, "driver-start", 1)
-        _wait_until(lambda: _reported(run_dir, 1))
-        assert sandbox.job_field(job, "Restarts") == "1"
-        second = _assert_resumed(run_dir)
-        first = json.loads(Path(run_dir, "demo-report.r0.json").read_text())
-        assert first["driver"]["WANDB_RUN_ID"] == second["driver"]["WANDB_RUN_ID"]  # one W&B run
-        assert Path(run_dir, "logs", "driver.r0.log").stat().st_size > 0
-        # Requeued from outside: torn down by SIGTERM, not a self-requeue.
-        assert not any(p["phase"] == "requeue" for p in _phases(run_dir))
-        out = Path(run_dir, f"slurm-{job}.out").read_text()  # --open-mode=append keeps run 0's output
-        assert out.count("phase start") == 2
-        assert sorted(p.name for p in ckpt.glob("global_step_*")) == ["global_step_2", "global_step_3",
-                                                                        "global_step_4"]
-        for step in (2, 3, 4):  # untouched
-            d = ckpt / f"global_step_{step}"
-            assert sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()) == files[step]
-        prune = [p for p in _phases(run_dir) if p["phase"] == "prune"]
-        assert [(p["restart"], p["detail"]) for p in prune] == [  # at the first run's teardown
-            (0, "removed global_step_1; kept the newest 2 up to global_step_3")]
-        names = [(p["phase"], p["restart"]) for p in _phases(run_dir)]
-        assert names.index(("prune", 0)) < names.index(("driver-start", 1))  # before verl resumes
-    finally:
-        sandbox.run("scancel", job)
-        sandbox.wait(job)
-
-
-@pytest.mark.no_accounting_pass  # Slurm's signal timing is the same with slurmdbd: once is enough (~2.5 min)
 def test_time_limit_signal_tears_down_and_requeues_itself(cli, sandbox, clean_env, tmp_path):
     # Slurm sends USR1 when 60 s are left of 3 minutes, "up to 60 s early": 60-120 s after each
     # run starts, so after its driver is up (~15 s here).
@@ -146,3 +107,54 @@ def _wait_until(cond, timeout: float = 120) -> None:
     while not cond():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.5)
+
+
+# ----------------------------------------------------------------------------- no sandbox
+def _prune_function() -> str:
+    """prune_checkpoints as the job script defines it, cut from a rendered script."""
+    from launcher.recipe import load
+    from launcher.render import render
+
+    script = render(load(RECIPES / "sandbox-demo.yaml", [f"runtime.python={sys.executable}", "cluster.requeue=true",
+                                                         "verl.overrides.trainer.max_actor_ckpt_to_keep=2"]).plan)
+    m = re.search(r"^prune_checkpoints\(\) \{.*?^\}$", script, re.M | re.S)
+    assert m, "no prune_checkpoints in the rendered script"
+    return m.group(0)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Steps 1-4 as verl's own FSDP checkpoint manager writes them, and each step's files."""
+    ckpt = tmp_path_factory.mktemp("saved") / "ckpt"
+    return ckpt, _verl_checkpoints(ckpt, 1, 2, 3, 4, latest=0)
+
+
+@pytest.mark.parametrize("tracker, want_left, phase", [
+    # verl's limit over the steps up to the one verl resumes from; step 4, saved after the tracker
+    # was last written (a save cut short), is not verl's yet: untouched
+    ("3", [2, 3, 4], "prune removed global_step_1; kept the newest 2 up to global_step_3"),
+    ("2", [1, 2, 3, 4], None),  # two up to the tracker: nothing to remove
+    (None, [1, 2, 3, 4], None),  # nothing saved yet as far as verl knows
+    ("three", [1, 2, 3, 4], None),  # a tracker verl could not read either
+])
+def test_the_jobs_checkpoint_limit_spares_the_resume_step_and_any_newer_one(saved, tmp_path, tracker, want_left,
+                                                                            phase):
+    """What the job runs at a restart and at teardown (the resume run, test_verl_resume, shows
+    it there): here on verl's own FSDP checkpoints, every case of the tracker."""
+    ckpt, files = tmp_path / "ckpt", saved[1]
+    shutil.copytree(saved[0], ckpt)
+    tracker_file = ckpt / "latest_checkpointed_iteration.txt"
+    tracker_file.unlink()
+    if tracker is not None:
+        tracker_file.write_text(tracker + "\n")
+    proc = subprocess.run(["bash", "-c", _prune_function() + '\nphase() { echo "$*" >> "$PHASES"; }\n'
+                           'prune_checkpoints "$1" 2', "prune", str(ckpt)],
+                          env=dict(os.environ, PHASES=str(tmp_path / "phases")), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(int(p.name.split("_")[-1]) for p in ckpt.glob("global_step_*")) == want_left
+    for step in want_left:  # what is kept is kept whole
+        d = ckpt / f"global_step_{step}"
+        assert sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()) == files[step]
+    said = (tmp_path / "phases").read_text().strip() if (tmp_path / "phases").exists() else None
+    assert said == phase

@@ -12,7 +12,6 @@ import pytest
 
 from conftest import RECIPES, submit_json
 
-pytestmark = pytest.mark.sandbox
 
 
 def _submit(cli, sandbox, env, tmp_path, *overrides):

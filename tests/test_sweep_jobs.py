@@ -15,7 +15,6 @@ import pytest
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
 
-pytestmark = pytest.mark.sandbox
 
 DEMO = RECIPES / "sandbox-demo.yaml"
 

@@ -15,7 +15,6 @@ from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
 from wandb_standin import StandIn
 
-pytestmark = pytest.mark.sandbox
 
 BRIDGE = "169.254.77.1"  # the host's side of the sandbox's bridge: the nodes reach it
 NODE_IPS = {"169.254.77.11", "169.254.77.12"}

@@ -83,7 +83,6 @@ def trained(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
         yield job
 
 
-@pytest.mark.sandbox
 def test_verl_trains_every_step_and_the_weights_reach_vllm(trained):
     """verl's own log: steps 1..N, real gradients from a reward that varies, and vLLM's token
     probabilities matching the actor's after each weight sync; the job ends COMPLETED."""
@@ -103,7 +102,6 @@ def test_verl_trains_every_step_and_the_weights_reach_vllm(trained):
     assert job_processes(trained.job_id) == []  # and nothing of the job is left
 
 
-@pytest.mark.sandbox
 def test_vllm_servers_ranks_and_agent_loops_run_on_both_nodes(trained):
     """Ray's GCS, read while the job ran: verl's task runner on the job's Ray, one GPU worker and
     one vLLM server per node, agent loops on both; torch.distributed over gloo across the nodes."""
@@ -121,7 +119,6 @@ def test_vllm_servers_ranks_and_agent_loops_run_on_both_nodes(trained):
     assert "ROCR_VISIBLE_DEVICES" not in log  # verl's Worker refuses it beside CUDA_VISIBLE_DEVICES
 
 
-@pytest.mark.sandbox
 def test_every_trajectory_is_traced_to_weave_from_both_nodes_as_check_estimates(trained, cli):
     """The stand-in got verl's own agent-loop trajectories: every step, as many as `check`
     estimates, each with its generate call inside, verl's attributes, the run's project."""
@@ -147,7 +144,6 @@ def test_every_trajectory_is_traced_to_weave_from_both_nodes_as_check_estimates(
     assert {c["id"] for c in trajectories} <= inside  # each trajectory's generate call sits inside it
 
 
-@pytest.mark.sandbox
 def test_traces_reads_the_training_runs_trajectories_back(trained, cli):
     """`verl-launch traces` lists exactly what the stand-in recorded, per step as estimated;
     --step picks one step's; --show prints verl's decoded prompt and response (token2text);
@@ -181,7 +177,6 @@ def test_traces_reads_the_training_runs_trajectories_back(trained, cli):
     assert trained.standin.unknown == []  # every read was answered
 
 
-@pytest.mark.sandbox
 def test_verls_wandb_logger_reaches_wandb_and_no_key_is_written(trained, wandb_key):
     """Tracing puts wandb in verl's logger: its run reached the stand-in under the run's entity,
     project and experiment, with verl's config and console. Metrics logged in the last seconds
@@ -204,7 +199,6 @@ def test_verls_wandb_logger_reaches_wandb_and_no_key_is_written(trained, wandb_k
     assert wandb_key not in trained.out + trained.err
 
 
-@pytest.mark.sandbox
 def test_wait_and_status_show_the_training_progress_from_verls_steps(trained, cli):
     moving = re.findall(r"training step (\d)/3, [0-9.]+ s/step", trained.out)
     assert moving, trained.out[-3000:]  # --wait's progress, from verl's own step lines
@@ -215,25 +209,6 @@ def test_wait_and_status_show_the_training_progress_from_verls_steps(trained, cl
     assert js["progress"].startswith("training step 3/3") and js["state"] == "COMPLETED"
 
 
-@pytest.mark.sandbox
-def test_what_the_node_environment_cannot_do_ends_the_job_in_vllms_words(cli, sandbox, clean_env, node_python,
-                                                                        smoke_assets, tmp_path):
-    """vLLM's sleep mode, which its CPU build lacks: the job fails at once, never hangs, and
-    `status` says why in vLLM's own words (pydantic's detail line included), naming the actor."""
-    env = _env(clean_env, smoke_assets, tmp_path, sandbox)
-    info = submit_json(cli("submit", *_args(tmp_path, *UNTRACED, "verl.overrides.trainer.use_v1=false",
-                                            "cluster.nodes=1", "+verl.overrides.actor_rollout_ref.rollout"
-                                            ".enable_sleep_mode=true", python=node_python), "--json",
-                           env=env, timeout=300))
-    assert sandbox.wait(info["job_id"], timeout=400) == "FAILED"
-    st = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
-    assert st["stopped"].startswith("driver-error: "), st
-    assert "Sleep mode is not supported on current platform" in st["stopped"], st["stopped"]
-    assert "in ray::vLLMHttpServer" in st["stopped"], st["stopped"]
-    assert job_processes(info["job_id"]) == []
-
-
-@pytest.mark.sandbox
 def test_the_v1_trainer_trains_the_ci_smoke_recipe_locally(cli, clean_env, node_python, smoke_assets, tmp_path):
     """The CI smoke path without a GPU: `submit --local recipes/ci-smoke-1gpu.yaml`, verl's
     default V1 trainer (tracing off: V1 never traces), with the node environment and
@@ -253,7 +228,7 @@ def test_the_v1_trainer_trains_the_ci_smoke_recipe_locally(cli, clean_env, node_
     assert rec["leftovers"] == 0, rec.get("leftover_processes")
 
 
-@pytest.mark.sandbox
+@pytest.mark.train  # verl's trainer, from the test environment's verl (no node_python)
 def test_watchdog_fails_verls_silent_wait_and_names_the_shortfall(sandbox, clean_env, smoke_assets, tmp_path, cli):
     """One CPU short (the launcher refuses that, so the rendered script is edited by hand, as a
     user might): verl's V1 trainer waits forever for a node with CPUs free for its placement
@@ -282,7 +257,6 @@ def test_watchdog_fails_verls_silent_wait_and_names_the_shortfall(sandbox, clean
     assert "vLLMHttpServer" not in out  # it never got that far
 
 
-@pytest.mark.sandbox
 def test_slurm_sets_other_vendors_gpu_variables_and_the_job_clears_them(cli, sandbox, clean_env, tmp_path):
     """The sandbox's gres.conf has no env flags, as on clusters that list GPUs by hand: Slurm
     sets ROCR_VISIBLE_DEVICES (and more) beside CUDA_VISIBLE_DEVICES in every step."""
@@ -302,7 +276,6 @@ def test_slurm_sets_other_vendors_gpu_variables_and_the_job_clears_them(cli, san
         assert [v for k, v in e.items() if k != "CUDA_VISIBLE_DEVICES" and v is not None] == [], e
 
 
-@pytest.mark.sandbox
 def test_work_no_node_can_hold_fails_at_once_with_the_field_to_change(cli, sandbox, clean_env, tmp_path):
     env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
     info = submit_json(cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",

@@ -21,7 +21,6 @@ import pytest
 
 from verl_train import job_env, parse_steps, plain, train
 
-pytestmark = pytest.mark.sandbox
 EXPERIMENT = "sandbox-verl-resume"
 STEPS, EVERY, KEEP = 7, 2, 1
 
@@ -70,7 +69,7 @@ def resumed(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
         "cluster.requeue=true", f"wandb.experiment={EXPERIMENT}",
         f"verl.overrides.trainer.total_training_steps={STEPS}", f"verl.overrides.trainer.save_freq={EVERY}",
         f"verl.overrides.trainer.max_actor_ckpt_to_keep={KEEP}"])
-    job.env, job.requeuer = env, requeuer
+    job.env, job.requeuer, job.sandbox = env, requeuer, sandbox
     assert job.run_dir is not None, job.out + job.err
     return job
 
@@ -93,6 +92,17 @@ def test_each_restart_resumes_from_verls_last_checkpoint(resumed):
         assert min(parse_steps(log)) == k + 1  # verl's own first step after the restart
     assert max(parse_steps(_log(job, 2))) == STEPS
     assert "Training from scratch" in _log(job, 0)
+    # each run its own logs; Slurm's output (--open-mode=append) keeps every run's
+    for log in ("driver.r1.log", "driver.r2.log", "ray-head.r0.log", "ray-head.r1.log", "ray-head.r2.log"):
+        assert (job.run_dir / "logs" / log).stat().st_size > 0, log
+    assert (job.run_dir / f"slurm-{job.job_id}.out").read_text().count("phase start") == 3
+    # scontrol requeue: Slurm tore run 0 down (SIGTERM), no self-requeue; verl's limit applied at
+    # that teardown or the restart's start, before verl resumes
+    assert ("requeue", 0) not in names
+    assert names.index(("teardown", 0)) < names.index(("restart", 1)) < names.index(("driver-start", 1))
+    assert names.index(("teardown", 1)) < names.index(("restart", 2)) < names.index(("driver-start", 2))
+    assert names.index(("prune", 1)) < names.index(("driver-start", 2))
+    assert job.sandbox.job_field(job.job_id, "Restarts") == "2"  # Slurm's own count
 
 
 def test_verls_checkpoint_limit_holds_across_restarts(resumed):

@@ -51,7 +51,6 @@ def test_stall_timeout_reaches_the_watchdog(cli, clean_env, value, script):
     assert f'"$LOG_DIR/lost-nodes.r$RESTART.txt" \\\n  {script} "$ENGINE_FILE" <<' in proc.stdout
 
 
-@pytest.mark.sandbox
 def test_a_run_with_no_new_step_for_stall_timeout_ends_and_a_slow_start_does_not(cli, sandbox, clean_env, tmp_path):
     # 20 s before the first step (a slow start) with a 10 s stall_timeout: not a stall. Then 3
     # steps, and a driver that holds: the stall, 10 s after step 3.
@@ -74,7 +73,6 @@ def test_a_run_with_no_new_step_for_stall_timeout_ends_and_a_slow_start_does_not
     assert st["stopped"].startswith("hang: no training step for")
 
 
-@pytest.mark.sandbox
 def test_an_actor_the_driver_holds_dying_ends_the_job_naming_it(cli, sandbox, clean_env, tmp_path):
     info, env = _submit(cli, sandbox, clean_env, tmp_path, "+verl.overrides.demo.actor_dies=true",
                         "verl.overrides.demo.hold=600", "cluster.requeue=true")
@@ -94,7 +92,6 @@ def test_an_actor_the_driver_holds_dying_ends_the_job_naming_it(cli, sandbox, cl
     assert "bad-node" not in names and "requeue" not in names  # no node evidence: not requeued
 
 
-@pytest.mark.sandbox
 def test_a_death_with_gpu_hardware_words_blames_the_node_and_requeues_without_it(cli, sandbox, clean_env, tmp_path):
     """The dead actor's node said a GPU hardware error (an Xid) first: the evidence points at the
     node, so with cluster.requeue the job requeues itself without it, as for bad nodes."""
