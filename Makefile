@@ -47,14 +47,16 @@ system-deps:
 
 # Everything on a sandbox without accounting, then the tests that read accounting again with
 # slurmdbd. docs/testing.md: the tiers, which training job serves which tests.
+# -n 2 --dist loadgroup: the sandbox and training tests one after another on one worker (one
+# sandbox), everything else on the other worker meanwhile (tests/conftest.py).
 test: system-deps install node-env
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15
 	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting
 
 # The edit-test loop: what needs neither the Slurm sandbox nor verl's trainer (no root, no
 # node environment), in a few minutes.
 test-quick: install
-	$(PY) -m pytest -q -p no:cacheprovider --durations=10 -m "not sandbox and not train"
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=10 -m "not sandbox and not train"
 
 sandbox-up: system-deps
 	@bash $(SANDBOX)/sandbox-up.sh
