@@ -133,38 +133,6 @@ def test_cancel_ends_a_queued_job_and_records_it(on_sandbox, sandbox):
     assert run.status()["state"] == "CANCELLED"
 
 
-def test_wait_raises_for_a_job_that_can_never_start(on_sandbox, sandbox):
-    environ, ov = on_sandbox
-    run = launcher.submit(str(DEMO), ov + ["cluster.nodes=8"], environ=environ)  # the sandbox has 4
-    try:
-        with pytest.raises(launcher.SlurmError) as e:
-            run.wait(poll=0.5, timeout=120)
-        assert e.value.never_starts and re.search(r"Slurm's reason: Partition\w+", str(e.value)), str(e.value)
-        assert f"verl-launch cancel {run.job_id}" in str(e.value)  # built once: state.never_starts_text
-        assert run.job_id in sandbox.jobs()  # left queued: the user decides
-    finally:
-        sandbox.run("scancel", run.job_id)
-
-
-def test_a_sweep_is_one_array_with_points_1_to_n(on_sandbox, sandbox):
-    environ, ov = on_sandbox
-    sw = launcher.sweep(str(DEMO), ov + ["cluster.nodes=1", "verl.overrides.data.seed=1,2"], environ=environ)
-    assert isinstance(sw, launcher.SweepRun)
-    counts = []
-    final = sw.wait(poll=0.5, timeout=400, on_change=counts.append)
-    points = sw.points()
-    assert [p.job_id for p in points] == [f"{sw.job_id}_0", f"{sw.job_id}_1"]
-    assert final == {p.job_id: "COMPLETED" for p in points}, final
-    assert counts and counts[-1] == {"COMPLETED": 2}, counts
-    status = sw.status()
-    assert [p["point"] for p in status["points"]] == [1, 2]
-    assert [p["overrides"] for p in status["points"]] == [["verl.overrides.data.seed=1"], ["verl.overrides.data.seed=2"]]
-    assert all(p.status()["state"] == "COMPLETED" for p in points)
-    assert launcher.run(sw.job_id).run_dir == sw.run_dir
-    with pytest.raises(launcher.RecipeError, match=f"is a sweep.*{sw.job_id}_0"):
-        sw.logs()
-
-
 def test_image_import_dry_run_is_the_cli_s(cli, api_env, tmp_path):
     environ, _ = api_env
     done = launcher.image_import("nvcr.io/nvidia/pytorch:24.05-py3", str(tmp_path), dry_run=True)

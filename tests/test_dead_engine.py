@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 
-import pytest
 
 from sandbox_procs import job_processes
 from verl_train import job_env, kill_engine_mid_training

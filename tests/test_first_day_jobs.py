@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import launcher
 from conftest import RECIPES, ROOT, submit_json
 
 DEMO = RECIPES / "sandbox-demo.yaml"
@@ -81,7 +82,7 @@ def test_follow_the_driver_at_once_and_progress_after_the_end(cli, sandbox, env,
     assert "STEP" in table[0]
 
 
-def test_wait_stops_for_a_job_that_can_never_start_and_leaves_it_queued(cli, sandbox, env, tmp_path):
+def test_wait_stops_for_a_job_that_can_never_start_and_leaves_it_queued(cli, sandbox, env, tmp_path, monkeypatch):
     proc = _submit(cli, env, tmp_path, "cluster.nodes=8", "wandb.entity=team", wait=True)  # the sandbox has 4
     job = re.search(r"^Submitted batch job (\d+)$", proc.stdout, re.M).group(1)
     try:
@@ -97,10 +98,15 @@ def test_wait_stops_for_a_job_that_can_never_start_and_leaves_it_queued(cli, san
         text = cli("status", job, env=env).stdout
         # Slurm may name the partition's limit anew between two queries (PartitionConfig, PartitionNodeLimit)
         assert re.search(r"^state      PENDING \(Partition\w+\)$", text, re.M) and "it will never start" in text, text
-        api = subprocess.run([sys.executable, "-c", "import sys, launcher; launcher.Run(sys.argv[1], sys.argv[2])"
-                              ".wait(poll=0.5, timeout=60)", job, st["run_dir"]],
-                             env=env, capture_output=True, text=True, timeout=120)  # the Python API stops too
-        assert api.returncode == 1 and f"SlurmError: job {job} will not start: " in api.stderr, api.stderr
+        # the Python API on the same job (the CLI prints it): Run.wait raises, saying the same
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(launcher.SlurmError) as e:
+            launcher.Run(job, st["run_dir"]).wait(poll=0.5, timeout=60)
+        assert e.value.never_starts and str(e.value).startswith(f"job {job} will not start: "), str(e.value)
+        assert re.search(r"Slurm's reason: Partition\w+", str(e.value)), str(e.value)
+        assert f"verl-launch cancel {job}" in str(e.value)  # built once: state.never_starts_text
+        assert sandbox.job_field(job, "JobState") == "PENDING"  # still left queued: the user decides
     finally:
         assert cli("cancel", job, env=env, timeout=180).returncode == 0
 

@@ -11,7 +11,6 @@ import secrets
 import sys
 from pathlib import Path
 
-import pytest
 
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import launcher
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
 
@@ -44,9 +45,21 @@ def _until_gone(sandbox, array: str, timeout: float = 240) -> int:
     return most
 
 
-def test_a_sweep_is_one_array_with_its_own_values_names_and_ports_per_point(cli, sandbox, env, tmp_path):
-    info = _sweep(cli, env, tmp_path, "verl.overrides.data.seed=1,2", "trace.max_samples_per_step_per_worker=1,3",
-                  "--max-parallel", "2")
+def test_a_sweep_is_one_array_with_its_own_values_names_and_ports_per_point(cli, sandbox, env, tmp_path,
+                                                                          monkeypatch):
+    # submitted through the Python API (launcher.sweep: what `submit -m` calls), then read back
+    # by the CLI and by the API
+    for name in [n for n in os.environ if n.startswith(("WANDB_", "SLURM_"))]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    sw = launcher.sweep(str(DEMO), [f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}",
+                                    "cluster.nodes=1", "verl.overrides.data.seed=1,2",
+                                    "trace.max_samples_per_step_per_worker=1,3"], max_parallel=2)
+    assert isinstance(sw, launcher.SweepRun)
+    # what `submit -m --json` prints: the sweep's own record (sweep.json), its points with their ids
+    rec = json.loads((Path(sw.run_dir) / "sweep.json").read_text())
+    info = {"job_id": sw.job_id, "sweep_dir": sw.run_dir, "name": rec["name"], "points": rec["points"]}
     array = info["job_id"]
     assert [p["job_id"] for p in info["points"]] == [f"{array}_{i}" for i in range(4)]
     assert _until_gone(sandbox, array) == 2  # the array's %2: two points at once, never more
@@ -78,6 +91,19 @@ def test_a_sweep_is_one_array_with_its_own_values_names_and_ports_per_point(cli,
     assert out.returncode == 0 and f"experiment={info['points'][1]['experiment']} " in out.stdout, out.stdout[-2000:]
     whole = cli("logs", array, env=env)
     assert whole.returncode == 2 and f"e.g. {array}_0" in whole.stderr
+    # the API's view of the same sweep
+    counts = []
+    final = sw.wait(poll=0.5, timeout=60, on_change=counts.append)  # ended: at once
+    points = sw.points()
+    assert [p.job_id for p in points] == [f"{array}_{i}" for i in range(4)]
+    assert final == {p.job_id: "COMPLETED" for p in points} and counts[-1] == {"COMPLETED": 4}, (final, counts)
+    status = sw.status()
+    assert [p["point"] for p in status["points"]] == [1, 2, 3, 4]
+    assert [p["overrides"] for p in status["points"]] == [pt["overrides"] for pt in info["points"]]
+    assert all(p.status()["state"] == "COMPLETED" for p in points)
+    assert launcher.run(array).run_dir == sw.run_dir
+    with pytest.raises(launcher.RecipeError, match=f"is a sweep.*{array}_0"):
+        sw.logs()
 
 
 def test_requeue_of_one_point_and_cancel_of_the_whole_sweep(cli, sandbox, env, tmp_path):

@@ -9,7 +9,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
 
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
