@@ -102,6 +102,15 @@ def cli(request):
     return run_cli_here
 
 
+def as_process_env(monkeypatch, env: dict) -> None:
+    """ENV as this process's environment for the Python API (which reads os.environ), as the
+    CLI's subprocess gets it: nothing of the developer's W&B or Slurm settings beside it."""
+    for name in [n for n in os.environ if n.startswith(("WANDB_", "SLURM_"))]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+
 @pytest.fixture(scope="session")
 def wandb_key() -> str:
     """A key in W&B's format, new each session, so that a leak can be searched for."""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import launcher
-from conftest import RECIPES, ROOT, submit_json
+from conftest import RECIPES, ROOT, as_process_env, submit_json
 
 DEMO = RECIPES / "sandbox-demo.yaml"
 
@@ -99,8 +99,7 @@ def test_wait_stops_for_a_job_that_can_never_start_and_leaves_it_queued(cli, san
         # Slurm may name the partition's limit anew between two queries (PartitionConfig, PartitionNodeLimit)
         assert re.search(r"^state      PENDING \(Partition\w+\)$", text, re.M) and "it will never start" in text, text
         # the Python API on the same job (the CLI prints it): Run.wait raises, saying the same
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
+        as_process_env(monkeypatch, env)
         with pytest.raises(launcher.SlurmError) as e:
             launcher.Run(job, st["run_dir"]).wait(poll=0.5, timeout=60)
         assert e.value.never_starts and str(e.value).startswith(f"job {job} will not start: "), str(e.value)

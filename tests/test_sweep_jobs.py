@@ -5,7 +5,6 @@ status, list, logs and cancel of the whole sweep."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import launcher
-from conftest import RECIPES, submit_json
+from conftest import RECIPES, as_process_env, submit_json
 from sandbox_procs import job_processes
 
 
@@ -49,10 +48,7 @@ def test_a_sweep_is_one_array_with_its_own_values_names_and_ports_per_point(cli,
                                                                           monkeypatch):
     # submitted through the Python API (launcher.sweep: what `submit -m` calls), then read back
     # by the CLI and by the API
-    for name in [n for n in os.environ if n.startswith(("WANDB_", "SLURM_"))]:
-        monkeypatch.delenv(name)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
+    as_process_env(monkeypatch, env)
     sw = launcher.sweep(str(DEMO), [f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}",
                                     "cluster.nodes=1", "verl.overrides.data.seed=1,2",
                                     "trace.max_samples_per_step_per_worker=1,3"], max_parallel=2)
