@@ -100,10 +100,12 @@ def test_a_death_with_gpu_hardware_words_blames_the_node_and_requeues_without_it
                         "verl.overrides.demo.hold_first=600")
     try:
         deadline = time.monotonic() + 180
-        while not any(p["phase"] == "requeue" for p in _phases(info)) and time.monotonic() < deadline:
+        # "exclude" is the phase written once Slurm took the ExcNodeList, after "requeue".
+        while not any(p["phase"] == "exclude" for p in _phases(info)) and time.monotonic() < deadline:
             time.sleep(1)
         names = {p["phase"]: p for p in _phases(info)}
-        assert "requeue" in names, Path(info["stdout"]).read_text()[-3000:]
+        assert "requeue" in names and "exclude" in names, Path(info["stdout"]).read_text()[-3000:]
+        assert names["exclude"]["detail"] == "node2"
         assert names["driver-error"]["detail"].startswith("Ray actor Doomed on node2 died (WORKER_DIED")
         assert names["bad-node"]["detail"].startswith("node2: driver-error: Ray actor Doomed on node2 died")
         assert sandbox.job_field(info["job_id"], "ExcNodeList") == "node2"
