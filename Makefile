@@ -45,13 +45,17 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# Everything on a sandbox without accounting, then the tests that read accounting again with
-# slurmdbd. docs/testing.md: the tiers, which training job serves which tests.
-# One process: beside a second worker (-n 2 --dist loadgroup) the sandbox's timing-sensitive
-# tests failed on 2 cores (docs/testing.md).
+# Everything, in three runs: the quick tier on 2 workers (nothing of the sandbox's runs beside
+# it), then the sandbox and training tests in one process (beside a second worker the sandbox's
+# timing-sensitive tests failed on 2 cores), then the tests that read accounting again with
+# slurmdbd. Each run goes on after another fails, so that one report names every failure.
+# docs/testing.md: the tiers, which training job serves which tests.
 test: system-deps install node-env
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15
-	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting
+	rc=0; \
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=10 -m "not sandbox and not train" || rc=1; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "sandbox or train" || rc=1; \
+	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting || rc=1; \
+	exit $$rc
 
 # The edit-test loop: what needs neither the Slurm sandbox nor verl's trainer (no root, no
 # node environment), in a few minutes.
