@@ -1,11 +1,12 @@
 """Build what `recipes/ci-smoke-1gpu.yaml` trains on, with nothing from a model hub: a tiny
 Qwen2 (the real architecture, random weights, 2 layers), a small BPE tokenizer trained here
 with `tokenizers`, and an arithmetic dataset in verl's parquet format whose reward is verl's
-own rule-based GSM8K scorer ("#### <answer>"), and reward.py, a reward that varies even for a
+own rule-based GSM8K scorer ("#### <answer>"), a tiny model taught to call a calculator tool
+(launcher/tool_assets.py: tool-model/ and data/tool-*.parquet), and reward.py, a reward that varies even for a
 random model (launcher/smoke_reward.py: GSM8K's rule plus partial credit), for GRPO steps whose
 gradients are not all zero.
 
-    python -m launcher.smoke_assets --out ~/verl-smoke      # about 10 s on a CPU
+    python -m launcher.smoke_assets --out ~/verl-smoke      # about a minute on a CPU
 
 Needs torch, transformers, tokenizers and pyarrow (all in a verl environment). Deterministic
 for a given --seed.
@@ -96,6 +97,9 @@ def build(out: Path, seed: int = 0, train: int = 256, test: int = 32) -> dict:
     info = {"model": str(out / "model"), "train": str(out / "data" / "train.parquet"),
             "test": str(out / "data" / "test.parquet"), "reward": str(out / "reward.py"),
             "vocab": len(tokenizer), "seed": seed}
+    from launcher import tool_assets  # the model that calls a tool (recipes/sandbox-tool-agent.yaml)
+
+    info.update(tool_assets.build(out, seed))
     (out / "smoke-assets.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 

@@ -92,3 +92,73 @@ def test_the_smoke_recipe_passes_verls_preflight(cli, clean_env, assets):
     assert proc.returncode == 0, proc.stderr
     assert "preflight   ok: verl 0.9.1" in proc.stdout
     assert f"actor_rollout_ref.model.path={out}/model" in proc.stdout
+
+
+def test_the_tool_model_loaded_as_verl_loads_it_writes_the_calculator_call(assets):
+    """The tool model, loaded from its files with verl's tokenizer loader (as the job's workers
+    load it), writes hermes calls verl's parser reads, with the problem's expression; the data
+    rows carry verl's tools_kwargs and an agent loop name each."""
+    import random
+
+    import pyarrow.parquet as pq
+    from transformers import AutoModelForCausalLM
+    from verl.utils.tokenizer.tokenizer import hf_tokenizer
+
+    from launcher import tool_assets as ta
+
+    _, info = assets
+    tok, model = hf_tokenizer(info["tool_model"]), AutoModelForCausalLM.from_pretrained(info["tool_model"]).eval()
+    rows = pq.read_table(info["tool_test"]).to_pylist()
+    assert {r["agent_name"] for r in rows} == {"tool_agent"}
+    assert all(r["extra_info"]["tools_kwargs"]["calculator"]["create_kwargs"]["ground_truth"] ==
+               r["reward_model"]["ground_truth"] for r in rows)
+    # verl's reward decodes with special tokens skipped: the call's markers must survive that.
+    assert tok.decode(tok("<tool_call>\n{}\n</tool_call>")["input_ids"], skip_special_tokens=True) \
+        == "<tool_call>\n{}\n</tool_call>"
+    items = [(r["extra_info"]["question"], r["extra_info"]["answer"]) for r in rows[:8]]
+    items += ta.problems(8, random.Random(99))  # and problems it was not built with
+    render = lambda msgs, gen: tok.apply_chat_template(msgs, tools=[ta.SCHEMA], tokenize=False,  # noqa: E731
+                                                       add_generation_prompt=gen)
+    calls = ta.greedy_calls(model, tok, render, items)
+    assert sum(ok for _, ok in calls) >= 14, calls
+
+
+def test_the_tool_assets_are_the_same_bytes_for_the_same_seed(assets, tmp_path):
+    """Built again in a process of its own: model, tokenizer and data byte-identical."""
+    import hashlib
+    import subprocess
+
+    out, _ = assets
+    proc = subprocess.run([sys.executable, "-m", "launcher.tool_assets", str(tmp_path)], capture_output=True,
+                          text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = ["tool-model/model.safetensors", "tool-model/tokenizer.json", "tool-model/tokenizer_config.json",
+             "data/tool-train.parquet", "data/tool-test.parquet"]
+    digest = lambda root, f: hashlib.sha256((root / f).read_bytes()).hexdigest()  # noqa: E731
+    assert [digest(tmp_path, f) for f in files] == [digest(out, f) for f in files]
+
+
+def test_the_tool_reward_gives_partial_credit_for_the_call_and_the_format(assets):
+    """verl loads it from reward.py as the tool recipe names it; partial credit for a
+    well-formed calculator call and for the answer's format, full for the right answer, and
+    a little noise so that rollouts alike still differ."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    _, info = assets
+    fn = get_custom_reward_fn(OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": info["reward"], "name": "compute_score_tool"}}}))
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3 + 4"}}\n</tool_call>'
+    cases = {  # response -> the score without the noise
+        f"{call}\n<tool_response>\n7\n</tool_response>\n#### 7": 1.0,
+        f"{call}\n<tool_response>\n7\n</tool_response>\n#### 8": 0.5,
+        f"{call} no answer": 0.25,
+        "#### 8": 0.25,
+        '<tool_call>\n{"name": "calculator", "arguments": "3 + 4"}\n</tool_call> #### 8': 0.25,
+        '<tool_call>\n{"name": "calc", "arguments": {"expression": "3"}}\n</tool_call>': 0.0,
+        "<tool_call>\nnot json\n</tool_call>": 0.0,
+        "": 0.0,
+    }
+    for text, want in cases.items():
+        got = [fn("openai/gsm8k", text, "7") for _ in range(6)]
+        assert all(want <= g < want + 0.05 for g in got) and len(set(got)) > 1, (text, got)
