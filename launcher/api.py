@@ -192,10 +192,12 @@ def _resolve(loaded, pre):
 
 def verl_lines(plan, pre) -> List[Line]:
     """The preflight's report: verl's verdict, the CPU need, the version rules, the trace volume."""
+    from .plan import trace_volume
     from .verl_versions import rules_for
 
     r = plan.recipe
     lines: List[Line] = [("preflight", f"{pre.status}: {pre.message}")] if pre is not None else []
+    lines += [("note", n) for n in (pre.notes if pre is not None else [])]
     if plan.cpu_need:
         lines.append(("cpus", f"{r.cluster.cpus_per_task} per node for Ray; {plan.cpu_need.explain()}"))
     lines += [(rule.line[:11].rstrip(), rule.line[12:]) for rule in rules_for(r)]
@@ -204,6 +206,12 @@ def verl_lines(plan, pre) -> List[Line]:
         cap = r.trace.max_samples_per_step_per_worker
         how = "every sample" if cap is None else f"max_samples_per_step_per_worker={cap} per agent-loop worker"
         lines.append(("traces", f"about {per_step} per training step ({how}, all rollouts of each)"))
+        volume = trace_volume(r, plan.verl, per_step)
+        if volume:
+            calls, size = volume
+            lines.append(("traces", f"about {calls} calls and {size / 1e6:.2f} MB per training step at most "
+                                    f"(at verl's maximum lengths): {size * 1440 / 1e9:.1f} GB a day at a step a "
+                                    "minute; Weave's free tier is 1 GB a month"))
         if per_step > r.trace.warn_traces_per_step:
             lines.append(("WARNING", f"{per_step} traces per step is above trace.warn_traces_per_step="
                                      f"{r.trace.warn_traces_per_step}: set trace.max_samples_per_step_per_worker "

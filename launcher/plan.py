@@ -228,3 +228,28 @@ def traces_per_step(r: Recipe, v: Dict[str, Any]) -> Optional[int]:
     if not whole(batch):
         return None if cap is None else cap * workers * n
     return batch * n if cap is None else min(cap * workers, batch) * n
+
+
+# What one traced call costs in Weave, measured on the sandbox's tool-agent job
+# (tests/test_tool_agent_job.py, the stand-in's byte count): about 1.5 kB of its own, and each
+# token id it carries (prompt and response ids, in each turn's generate and the trajectory's
+# root) about 8 bytes as JSON, 4 more decoded (trace.token2text).
+CALL_BYTES, ID_BYTES, TEXT_BYTES = 1500, 8, 4
+
+
+def trace_volume(r: Recipe, v: Dict[str, Any], per_step: Optional[int]) -> Optional[Tuple[int, int]]:
+    """(calls, bytes) per training step, roughly, at verl's maximum lengths; None when unknown
+    (a multi-turn loop with no max_assistant_turns). Per trajectory: single-turn, its run and its
+    generate (2); multi-turn with T turns, about 3T: the run, each turn's generate, each call's
+    parse and tool execution, and the calls a tool makes inside (the calculator's evaluate)."""
+    if not per_step:
+        return None
+    v = {"data.max_prompt_length": 512, "data.max_response_length": 512, **v}  # verl's defaults
+    mt = "actor_rollout_ref.rollout.multi_turn."
+    turns = v.get(mt + "max_assistant_turns") if v.get(mt + "enable") else 1
+    if not (whole(turns) and whole(v["data.max_prompt_length"]) and whole(v["data.max_response_length"])):
+        return None
+    calls = 2 if turns == 1 else 3 * turns
+    ids = (1 + turns) * (v["data.max_prompt_length"] + v["data.max_response_length"])
+    each = calls * CALL_BYTES + ids * (ID_BYTES + (TEXT_BYTES if r.trace.token2text else 0))
+    return calls * per_step, each * per_step

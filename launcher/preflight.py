@@ -35,6 +35,7 @@ class Preflight:
     message: str
     verl_version: Optional[str] = None
     config: Dict[str, Any] = field(default_factory=dict)  # a few values as verl resolved them
+    notes: List[str] = field(default_factory=list)  # what verl will do that the recipe may not expect
 
 
 def run(r: Recipe, environ: Mapping[str, str]) -> Preflight:
@@ -156,5 +157,5 @@ def _verdict(r: Recipe, ask: _Ask, res: dict, cached: bool) -> Preflight:
     if cached:
         note += " (cached: this verl passed these overrides before)"
     return Preflight("ok", f"verl {version} with {python}: composed, validated, dataclasses built{note}",
-                     verl_version=version, config=res.get("config") or {})
+                     verl_version=version, config=res.get("config") or {}, notes=list(res.get("notes") or []))
 

@@ -54,7 +54,7 @@ def key(python: str, env: Mapping[str, str], overrides: List[str], script: str, 
         return None
     read = sorted({m for ov in overrides for m in _OC_ENV.findall(ov)})
     ident = [FORMAT, proc.stdout.strip(), overrides, sorted(recipe_env.items()),
-             [(n, env.get(n)) for n in read], hashlib.sha256(script.encode()).hexdigest()]
+             [(n, env.get(n)) for n in read], hashlib.sha256(script.encode()).hexdigest(), _files(overrides)]
     return hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:32]
 
 
@@ -82,3 +82,17 @@ def put(environ: Mapping[str, str], name: Optional[str], result: dict) -> None:
             old.unlink(missing_ok=True)
     except OSError:
         pass
+
+
+def _files(overrides: List[str]) -> list:
+    """The contents of the files the overrides name (a tool or agent-loop config the preflight
+    reads): edit one and the cached verdict no longer applies."""
+    out = []
+    for ov in overrides:
+        value = ov.partition("=")[2]
+        try:
+            if value.startswith("/") and os.path.isfile(value):
+                out.append((value, hashlib.sha256(Path(value).read_bytes()).hexdigest()))
+        except OSError:
+            out.append((value, None))
+    return out

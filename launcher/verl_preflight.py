@@ -5,8 +5,8 @@ Standalone on purpose (it imports nothing from verl-launch, which that interpret
 have). Run as ``python -c <this file's text>`` from an empty directory, so that nothing beside it
 shadows a module verl imports. Reads {"points": [[override, ...], ...]} as JSON on stdin (a sweep's
 points share one verl import); prints one line "@@preflight <json>" per point, in order:
-  {"index": i, "ok": true, "verl_version": ..., "config": {a few resolved values}}
-  {"index": i, "ok": false, "verl_version": ..., "stage": "import|compose|validate|dataclass", "error": ...}
+  {"index": i, "ok": true, "verl_version": ..., "config": {a few resolved values}, "notes": [line, ...]}
+  {"index": i, "ok": false, "verl_version": ..., "stage": "import|compose|imports|validate|dataclass", "error": ...}
 Exits 0 in both cases (the launcher decides), 3 if verl is not importable.
 """
 
@@ -23,7 +23,9 @@ REPORT_KEYS = ("actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.agent.n
                "trainer.default_local_dir", "trainer.logger", "trainer.use_v1",
                "reward.num_workers", "reward_model.num_workers",
                "transfer_queue.backend.SimpleStorage.num_data_storage_units",
-               "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep")
+               "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep",
+               "data.max_prompt_length", "data.max_response_length",  # the trace volume
+               "actor_rollout_ref.rollout.multi_turn.enable", "actor_rollout_ref.rollout.multi_turn.max_assistant_turns")
 
 
 def emit(**result):
@@ -109,6 +111,12 @@ def check(compose, overrides) -> dict:
         # Everything must resolve, as it will in main_ppo (a misspelt ${...} fails here).
         OmegaConf.resolve(cfg)
 
+        # Before verl's own checks: what its agent-loop workers would import, minutes into the job.
+        stage = "imports"
+        error, notes = imports(cfg.actor_rollout_ref.rollout)
+        if error:
+            return {"ok": False, "stage": stage, "error": error}
+
         stage = "validate"
         from verl.trainer.ppo.utils import need_critic, need_reference_policy
         from verl.utils.config import omega_conf_to_dataclass, validate_config
@@ -123,8 +131,81 @@ def check(compose, overrides) -> dict:
     except BaseException as e:  # noqa: B036 - Hydra and verl raise assertion errors too
         return {"ok": False, "stage": stage, "error": message(e)}
     report = {k: OmegaConf.select(cfg, k, default=None) for k in REPORT_KEYS}
-    return {"ok": True, "config": {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v
-                                   for k, v in report.items()}}
+    return {"ok": True, "notes": notes, "config": {k: OmegaConf.to_container(v) if OmegaConf.is_config(v) else v
+                                                   for k, v in report.items()}}
+
+
+MT = "actor_rollout_ref.rollout.multi_turn"
+AGENTS = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
+
+
+def imports(rollout):
+    """What verl's agent-loop workers will import, minutes into the job, imported here: every
+    tool's `class_name` (the tool config), the function-tool file, and every agent loop's
+    `_target_` (the agent-loop config); and the turn limits a tool needs. Returns (error or
+    None, notes): a note is one line on what verl will do that the recipe may not expect."""
+    import importlib
+    import importlib.util
+    import os
+
+    from omegaconf import OmegaConf
+    from verl.utils.import_utils import resolve_config_path
+
+    mt, agent = rollout.multi_turn, rollout.agent
+    tools = mt.get("tool_config_path") or mt.get("function_tool_path")
+    turns = mt.get("max_assistant_turns")
+    if turns == 0 or mt.get("max_user_turns") == 0:
+        key = "max_assistant_turns" if turns == 0 else "max_user_turns"
+        return f"{MT}.{key}=0: verl reads 0 as no limit at all; set a positive number, or null for no limit", []
+    if tools and turns is not None and turns < 2:
+        return (f"{MT}.max_assistant_turns={turns} with tools: verl's ToolAgentLoop ends after that many "
+                "assistant turns before it runs the calls in the last one, so no tool would ever run; set at "
+                "least 2 (a call, then the answer)"), []
+
+    def found(key, path):
+        try:
+            where = resolve_config_path(path)
+        except FileNotFoundError:
+            where = None
+        return (where, None) if where and os.path.isfile(where) else (None, f"{key}: {path} does not exist")
+
+    names = []  # (what, dotted name, file)
+    if mt.get("tool_config_path"):
+        path, error = found(f"{MT}.tool_config_path", mt.tool_config_path)
+        if error:
+            return error, []
+        names += [("tool class_name", t.get("class_name"), path) for t in OmegaConf.load(path).get("tools") or []]
+    if mt.get("function_tool_path"):
+        path, error = found(f"{MT}.function_tool_path", mt.function_tool_path)
+        if error:
+            return error, []
+        try:  # verl imports the file by its path in each worker
+            spec = importlib.util.spec_from_file_location("_verl_launch_function_tools", path)
+            spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        except Exception as e:  # noqa: BLE001 - whatever it raises, verl's workers would too
+            return f"{MT}.function_tool_path: {path} does not import ({message(e)})", []
+    if agent.get("agent_loop_config_path"):
+        path, error = found(AGENTS, agent.agent_loop_config_path)
+        if error:
+            return error, []
+        names += [("agent loop _target_", a.get("_target_"), path) for a in OmegaConf.load(path) or []]
+    for what, dotted, path in names:
+        module, _, attr = str(dotted).rpartition(".")
+        try:
+            if not module:
+                raise ImportError("not a dotted module.Class name")
+            if not hasattr(importlib.import_module(module), attr):
+                raise ImportError(f"module {module} has no {attr}")
+        except Exception as e:  # noqa: BLE001 - anything the import raises, verl's workers would too
+            return f"{path}: {what} {dotted} does not import ({message(e)})", []
+    notes = []
+    if mt.get("enable") and not tools:
+        loop = agent.get("default_agent_loop") or "single_turn_agent"
+        notes.append(f"{MT}.enable=true with no tool_config_path nor function_tool_path: " + (
+            "verl's ToolAgentLoop runs with no tools, and answers each call the model writes with "
+            "\"Unknown function\"" if loop == "tool_agent" else
+            f"rows without an agent_name run {loop}, as without it (verl 0.9 only records the flag)"))
+    return None, notes
 
 
 if __name__ == "__main__":

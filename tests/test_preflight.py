@@ -149,6 +149,13 @@ def test_trace_volume_is_printed_and_warned_about(cli, clean_env):
     every = cli("check", GSM8K, "runtime.python=/usr/bin/python3", "trace.max_samples_per_step_per_worker=null",
                 env=clean_env)  # every sample: 1024 x 5
     assert "about 5120 per training step" in every.stdout and "above trace.warn_traces_per_step=2000" in every.stdout
+    # Calls, not only trajectories: 2 a single-turn trajectory; about 3 a turn with tools.
+    assert "about 320 calls and " in proc.stdout and "about 10240 calls and " in every.stdout
+    tools = cli("check", RECIPES / "sandbox-tool-agent.yaml", "runtime.python=/usr/bin/python3", env=clean_env)
+    assert "about 4 per training step" in tools.stdout and "about 24 calls and " in tools.stdout, tools.stdout
+    longer = cli("check", RECIPES / "sandbox-tool-agent.yaml", "runtime.python=/usr/bin/python3",
+                 "verl.overrides.actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4", env=clean_env)
+    assert "about 48 calls and " in longer.stdout, longer.stdout
 
 
 @pytest.mark.parametrize("override,key", [
@@ -161,3 +168,67 @@ def test_trace_volume_is_printed_and_warned_about(cli, clean_env):
 def test_the_launchers_trap_checks(cli, clean_env, override, key):
     proc = cli("check", GSM8K, "runtime.python=/usr/bin/python3", override, env=clean_env)
     assert proc.returncode == 2 and key in proc.stderr, proc.stderr
+
+
+TOOLS = RECIPES / "gsm8k-tool-agent.yaml"
+MT = "verl.overrides.actor_rollout_ref.rollout.multi_turn"
+AGENTS = "verl.overrides.actor_rollout_ref.rollout.agent.agent_loop_config_path"
+
+
+def _tool_cases(tmp):
+    (tmp / "bad-tool.yaml").write_text(
+        "tools:\n  - class_name: launcher.examples.calculator_tool.NoSuchTool\n"
+        "    config: {type: native}\n")
+    (tmp / "no-module.yaml").write_text("tools:\n  - class_name: no_such_package.tools.Calc\n    config: {}\n")
+    (tmp / "bad-agent.yaml").write_text("- name: mine\n  _target_: no_such_package.loops.MyLoop\n")
+    (tmp / "broken_tools.py").write_text("import no_such_module_for_tools\n")
+    return [  # (override, what the error must name)
+        (f"{MT}.max_assistant_turns=0", "multi_turn.max_assistant_turns=0: verl reads 0 as no limit"),
+        (f"{MT}.max_assistant_turns=1", "multi_turn.max_assistant_turns=1 with tools"),
+        (f"{MT}.tool_config_path={tmp}/missing.yaml", f"multi_turn.tool_config_path: {tmp}/missing.yaml does not exist"),
+        (f"{MT}.tool_config_path={tmp}/bad-tool.yaml",
+         f"{tmp}/bad-tool.yaml: tool class_name launcher.examples.calculator_tool.NoSuchTool does not import "
+         "(ImportError: module launcher.examples.calculator_tool has no NoSuchTool)"),
+        (f"{MT}.tool_config_path={tmp}/no-module.yaml",
+         "no_such_package.tools.Calc does not import (ModuleNotFoundError: No module named 'no_such_package')"),
+        (f"{AGENTS}={tmp}/bad-agent.yaml", f"{tmp}/bad-agent.yaml: agent loop _target_ no_such_package.loops.MyLoop"),
+        (f"{MT}.function_tool_path={tmp}/broken_tools.py",
+         f"function_tool_path: {tmp}/broken_tools.py does not import (ModuleNotFoundError"),
+    ]
+
+
+def test_what_the_agent_loop_workers_would_import_is_imported_by_check(cli, clean_env, tmp_path):
+    # A tool or agent loop that does not import fails in a Ray worker minutes into the job; a
+    # turn limit that never lets a tool run, or that verl reads as none, is a recipe's mistake.
+    # `check` refuses each, exit 2, naming the key or the file, the class and the error.
+    for override, text in _tool_cases(tmp_path):
+        proc = cli("check", TOOLS, PY, override, env=clean_env, timeout=300)
+        assert proc.returncode == 2, (override, proc.stdout[-500:], proc.stderr)
+        assert "verl 0.9.1 rejects the overrides (imports)" in proc.stderr and text in proc.stderr, (override, proc.stderr)
+        assert f"{TOOLS}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad-agent.yaml", "bad-tool.yaml", "broken_tools.py",
+                                                          "no-module.yaml"]  # nothing written
+    # The shipped tool config imports; a copy of it passes, and once edited to name a class that
+    # is not there, fails: the cached verdict follows the file's content, not only its path.
+    copy = tmp_path / "tools.yaml"
+    copy.write_text((RECIPES / "tools" / "calculator.yaml").read_text())
+    for _ in range(2):  # the second time from the cache
+        proc = cli("check", TOOLS, PY, f"{MT}.tool_config_path={copy}", env=clean_env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    assert "(cached: this verl passed these overrides before)" in proc.stdout
+    copy.write_text(copy.read_text().replace("CalculatorTool", "CalculatorTol"))
+    proc = cli("check", TOOLS, PY, f"{MT}.tool_config_path={copy}", env=clean_env, timeout=300)
+    assert proc.returncode == 2 and "CalculatorTol does not import" in proc.stderr, proc.stderr
+
+
+def test_multi_turn_without_tools_says_what_verl_will_do(cli, clean_env):
+    proc = cli("check", TOOLS, PY, f"{MT}.tool_config_path=null", env=clean_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    notes = [ln for ln in proc.stdout.splitlines() if ln.strip().startswith("note")]
+    assert len(notes) == 1 and "verl's ToolAgentLoop runs with no tools" in notes[0] \
+        and '"Unknown function"' in notes[0], proc.stdout
+    proc = cli("check", GSM8K, PY, f"{MT}.enable=true", env=clean_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "rows without an agent_name run single_turn_agent, as without it" in proc.stdout, proc.stdout
+    proc = cli("check", TOOLS, PY, env=clean_env, timeout=300)  # tools named: nothing to say
+    assert proc.returncode == 0 and "note" not in proc.stdout, proc.stdout
