@@ -6,7 +6,7 @@ own rule-based GSM8K scorer ("#### <answer>"), a tiny model taught to call a cal
 random model (launcher/smoke_reward.py: GSM8K's rule plus partial credit), for GRPO steps whose
 gradients are not all zero.
 
-    python -m launcher.smoke_assets --out ~/verl-smoke      # about a minute on a CPU
+    python -m launcher.smoke_assets --out ~/verl-smoke      # about 3 minutes on 2 CPU cores
 
 Needs torch, transformers, tokenizers and pyarrow (all in a verl environment). Deterministic
 for a given --seed.

@@ -1,6 +1,6 @@
-"""The tool-calling smoke model: a tiny Qwen2 taught, on the CPU in well under a minute, to answer
-"What is 12 * 7?" with a calculator call in the hermes format verl's parser reads
-(`<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>`), and,
+"""The tool-calling smoke model: a tiny Qwen2 taught on the CPU (1500 steps, about 2-3 minutes on
+2 cores) to answer "What is 3 * 7?" with a calculator call in the hermes format verl's parser reads
+(`<tool_call>{"name": "calculator", "arguments": {"expression": "3 * 7"}}</tool_call>`), and,
 once the tool's response is in its context, with `#### <that result>`. A random model never
 writes a tool call, so nothing else would make verl's ToolAgentLoop call a tool on the sandbox.
 
@@ -173,8 +173,8 @@ def greedy_calls(model, tokenizer, render, items: list) -> list:
     return out
 
 
-def build(out: Path, seed: int = 0, train: int = 256, test: int = 32, steps: int = 400,
-          agents: tuple = ("tool_agent",)) -> dict:
+def build(out: Path, seed: int = 0, train: int = 256, test: int = 32, steps: int = 1500,
+          agents: tuple = ("tool_agent",), check: bool = True) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -197,7 +197,9 @@ def build(out: Path, seed: int = 0, train: int = 256, test: int = 32, steps: int
     for q, a in taught:
         c = conversation(q, a)  # each assistant turn: from the generation prompt to its <|im_end|>
         spans.append([(length(c[:1], True), length(c[:2], False) - 1), (length(c[:3], True), length(c, False) - 1)])
-    # lr 1.5e-3 over 400 steps: measured best of 6e-3 / 3e-3 / 1.5e-3 (loss 0.19 / 0.09 / 0.01).
+    # lr 1.5e-3: best of 6e-3 / 3e-3 / 1.5e-3 (loss 0.19 / 0.09 / 0.01 at 400 steps). 1500 steps
+    # (loss 0.001): sampled at temperature 1, 96% of first turns parse as a call, against 89%
+    # at 400 steps; the rest are single unlikely tokens anywhere in the call.
     loss = teach(tokenizer, texts, spans, out / "tool-model", seed, steps)
     # Checked as verl and vLLM will load it: from the files.
     from transformers import AutoModelForCausalLM
@@ -205,7 +207,7 @@ def build(out: Path, seed: int = 0, train: int = 256, test: int = 32, steps: int
     calls = greedy_calls(AutoModelForCausalLM.from_pretrained(out / "tool-model").eval(), tokenizer, render,
                          items[train:][:16])
     wrong = [c for c in calls if not c[1]]
-    if len(wrong) > len(calls) // 4:  # a model that does not call the tool would make every tool test moot
+    if check and len(wrong) > len(calls) // 4:  # a model that does not call the tool would make every tool test moot
         raise RuntimeError(f"the tool model writes no well-formed calculator call for {len(wrong)} of "
                            f"{len(calls)} test problems (loss {loss:.3f}), e.g. {wrong[0][0]!r}")
     return {"tool_model": str(out / "tool-model"), "tool_train": str(out / "data" / "tool-train.parquet"),
@@ -219,7 +221,9 @@ if __name__ == "__main__":  # the tool assets alone (smoke_assets builds them be
     ap = argparse.ArgumentParser(prog="python -m launcher.tool_assets", description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--agents", default="tool_agent", help="comma-separated agent loop names, cycled per 2 rows")
+    ap.add_argument("--no-check", action="store_true", help="keep a model that writes no well-formed call")
     args = ap.parse_args()
-    print(json.dumps(build(args.out, args.seed, steps=args.steps, agents=tuple(args.agents.split(",")))))
+    print(json.dumps(build(args.out, args.seed, steps=args.steps, agents=tuple(args.agents.split(",")),
+                           check=not args.no_check)))

@@ -136,12 +136,31 @@ def clean_env(wandb_key, tmp_path, preflight_cache_home):
 
 
 @pytest.fixture(scope="session")
-def smoke_assets(tmp_path_factory) -> Path:
-    """The smoke run's assets (tiny Qwen2, tokenizer, arithmetic parquet), built once."""
-    out = tmp_path_factory.mktemp("smoke")
-    proc = subprocess.run([sys.executable, "-m", "launcher.smoke_assets", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def smoke_assets() -> Path:
+    """The smoke run's assets (tiny Qwen2, tokenizer, arithmetic parquet, the tool model), built
+    once for all test sessions of this code: the tool model is taught on the CPU (about a minute,
+    several under load), and `make test` runs three sessions, the first on two workers. Kept by
+    the hash of the code that builds them (and torch's version), under a lock; read-only to tests.
+    test_smoke_assets builds them again to compare the bytes."""
+    import fcntl
+    import hashlib
+    import shutil
+    import tempfile
+    from importlib.metadata import version
+
+    code = b"".join((ROOT / "launcher" / f).read_bytes() for f in ("smoke_assets.py", "tool_assets.py", "smoke_reward.py"))
+    key = hashlib.sha256(code + sys.version.encode() + version("torch").encode()).hexdigest()[:16]
+    root = Path(tempfile.gettempdir()) / "verl-launch-smoke-assets"
+    root.mkdir(exist_ok=True)
+    out = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be building them
+        if not (out / "built").exists():  # never built, or a build cut short
+            shutil.rmtree(out, ignore_errors=True)
+            proc = subprocess.run([sys.executable, "-m", "launcher.smoke_assets", "--out", str(out)],
+                                  capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            (out / "built").touch()
     return out
 
 

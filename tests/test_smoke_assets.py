@@ -18,7 +18,7 @@ def assets(smoke_assets):
     return smoke_assets, json.loads((smoke_assets / "smoke-assets.json").read_text())
 
 
-def test_verl_loads_the_tokenizer_and_dataset(assets):
+def test_verl_loads_the_tokenizer_and_dataset(assets, tmp_path):
     from omegaconf import OmegaConf
     from verl.utils.dataset.rl_dataset import RLHFDataset
     from verl.utils.tokenizer.tokenizer import hf_tokenizer
@@ -31,7 +31,7 @@ def test_verl_loads_the_tokenizer_and_dataset(assets):
     assert text.endswith("<|im_start|>assistant\n")
     assert tok.decode(tok("What is 12 * 7? #### 84")["input_ids"]) == "What is 12 * 7? #### 84"
     config = OmegaConf.create({"max_prompt_length": 64, "truncation": "error", "filter_overlong_prompts": True,
-                               "cache_dir": str(out / "cache")})
+                               "cache_dir": str(tmp_path / "cache")})  # the assets are read-only
     ds = RLHFDataset(info["train"], tok, config)
     assert len(ds) == 256  # none longer than the recipe's 64-token prompt limit
     row = ds[0]
@@ -123,19 +123,21 @@ def test_the_tool_model_loaded_as_verl_loads_it_writes_the_calculator_call(asset
     assert sum(ok for _, ok in calls) >= 14, calls
 
 
-def test_the_tool_assets_are_the_same_bytes_for_the_same_seed(assets, tmp_path):
-    """Built again in a process of its own: model, tokenizer and data byte-identical."""
+def test_the_tool_assets_are_the_same_bytes_for_the_same_seed(tmp_path):
+    """Built twice, each in a process of its own: model, tokenizer and data byte-identical. (A
+    short teaching, the build's own code otherwise: the whole one takes minutes.)"""
     import hashlib
     import subprocess
 
-    out, _ = assets
-    proc = subprocess.run([sys.executable, "-m", "launcher.tool_assets", str(tmp_path)], capture_output=True,
-                          text=True, timeout=600, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     files = ["tool-model/model.safetensors", "tool-model/tokenizer.json", "tool-model/tokenizer_config.json",
              "data/tool-train.parquet", "data/tool-test.parquet"]
-    digest = lambda root, f: hashlib.sha256((root / f).read_bytes()).hexdigest()  # noqa: E731
-    assert [digest(tmp_path, f) for f in files] == [digest(out, f) for f in files]
+    digests = []
+    for out in (tmp_path / "a", tmp_path / "b"):
+        proc = subprocess.run([sys.executable, "-m", "launcher.tool_assets", str(out), "--steps", "40", "--no-check"],
+                              capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        digests.append([hashlib.sha256((out / f).read_bytes()).hexdigest() for f in files])
+    assert digests[0] == digests[1]
 
 
 def test_the_tool_reward_gives_partial_credit_for_the_call_and_the_format(assets):
