@@ -139,7 +139,10 @@ def check(recipe, overrides: List[str] = (), local: bool = False, environ: Optio
     lines += [("secret", f"{n}: {'set' if environ.get(n) else 'NOT SET in your environment'}") for n in r.secrets]
     from .render import render
 
-    lines += weigh(plan, prior.find(plan), None if local else render(plan), ask_slurm=not local)
+    had = prior.find(plan)
+    prior.enforce(had, "auto", str(r.source), loaded.blame)
+    lines += weigh(plan, had, None if local else render(plan), ask_slurm=not local)
+    lines += [("WARNING", w) for w in had.warnings(plan.verl, r.verl.version)]
     return Report(lines, verl_args=list(plan.verl_args), refusal=refusal, preflight=pre)
 
 
@@ -221,11 +224,14 @@ def verl_lines(plan, pre) -> List[Line]:
 
 def dryrun(recipe, overrides: List[str] = (), local: bool = False, check: bool = True,
            environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None, start: str = "auto",
-           multirun: bool = False, max_parallel: Optional[int] = None, max_points: int = 256):
+           multirun: bool = False, max_parallel: Optional[int] = None, max_points: int = 256,
+           resume_from: Optional[str] = None):
     """What `submit` would do, doing none of it: load and check the recipe, the W&B key and
     secrets, verl's own checks (CHECK; reported on OUT), the plan resolved once after them, and
     START (prior.STARTS: "fresh" refuses an experiment that has checkpoints or an earlier W&B
-    run, "resume" one with nothing to resume from). Returns the Request (request.py): its str
+    run, "resume" one with nothing to resume from). RESUME_FROM (`--resume-from`): resume from
+    that checkpoint (cluster.resume_from: a step, global_step_N, its path, or latest-complete),
+    refused (exit 2) unless verl could load it. Returns the Request (request.py): its str
     is the exact command, its script the exact text, its paths every file. MULTIRUN: a sweep."""
     from . import prior
     from . import request as rq
@@ -234,6 +240,8 @@ def dryrun(recipe, overrides: List[str] = (), local: bool = False, check: bool =
     if start not in prior.STARTS:
         raise ValueError(f"start must be one of {prior.STARTS}, not {start!r}")
     environ = os.environ if environ is None else environ
+    if resume_from is not None:
+        overrides, start = _resume_override(resume_from, start, multirun, overrides)
     if multirun:
         if start != "auto":
             raise RecipeError(f"--{start} is for one run, not a sweep (-m): each point is an experiment of its own",
@@ -255,16 +263,37 @@ def dryrun(recipe, overrides: List[str] = (), local: bool = False, check: bool =
         for label, text in verl_lines(plan, pre):
             print(f"{label:<11} {text}", file=out)
     had = prior.find(plan)
-    prior.enforce(had, start, str(loaded.recipe.source))
-    if out is not None and had.something():
-        print(f"start       {had.describe()}", file=out)
+    prior.enforce(had, start, str(loaded.recipe.source), loaded.blame)
+    said = had.warnings(plan.verl, loaded.recipe.verl.version)
+    if out is not None:
+        if had.something() or plan.resume_from:
+            print(f"start       {had.describe()}", file=out)
+        for w in said:
+            print(f"WARNING     {w}", file=out)
     req = rq.for_run(plan, local)
-    req.warnings = list(loaded.warnings)
+    req.warnings = list(loaded.warnings) + said
     return req
 
 
+def _resume_override(value: str, start: str, multirun: bool, overrides) -> tuple:
+    """`--resume-from VALUE` as (the overrides with cluster.resume_from=VALUE, start "resume")."""
+    import re
+
+    where = "command line"
+    if start == "fresh":
+        raise RecipeError("--resume-from and --fresh: one says resume, the other start from scratch", where=where)
+    if multirun:
+        raise RecipeError("--resume-from is for one run, not a sweep (-m): each point is an experiment of its own "
+                          "(cluster.resume_from=latest-complete applies to each)", where=where)
+    if not re.fullmatch(r"[A-Za-z0-9_./~-]+", str(value)):
+        raise RecipeError(f"--resume-from {value!r}: give latest-complete, a step number, global_step_N or that "
+                          "step's directory (a path of letters, digits and . _ - / ~)", where=where)
+    return [*overrides, f"cluster.resume_from={value}"], "resume"
+
+
 def submit(recipe, overrides: List[str] = (), local: bool = False, check: bool = True,
-           environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None, start: str = "auto"):
+           environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None, start: str = "auto",
+           resume_from: Optional[str] = None):
     """`verl-launch submit`: RECIPE is a Request (dryrun's) or a recipe file, dry-run first with
     the rest. Writes the run directory and hands it to the backend: Slurm queues it (returns at
     once); local mode runs it here, to its end, its output on OUT. Returns the Run (a sweep's
@@ -273,7 +302,8 @@ def submit(recipe, overrides: List[str] = (), local: bool = False, check: bool =
     from .request import Request
 
     environ = os.environ if environ is None else environ
-    req = recipe if isinstance(recipe, Request) else dryrun(recipe, overrides, local, check, environ, out, start)
+    req = recipe if isinstance(recipe, Request) else dryrun(recipe, overrides, local, check, environ, out, start,
+                                                            resume_from=resume_from)
     rec = backends.choose(req.local).schedule(req, environ, out)
     from .api_runs import Run, SweepRun
 

@@ -59,7 +59,10 @@ def layout(v: dict) -> dict:
 
 
 def missing(step_dir: str, lay: dict) -> Optional[str]:
-    """Why verl could not load STEP_DIR for a run of layout LAY; None when it could."""
+    """Why verl could not load STEP_DIR for a run of layout LAY; None when it could. Strategy
+    "any" (the launcher's stand-in driver): the directory is the checkpoint, as verl checks."""
+    if lay.get("strategy") == "any":
+        return None
     roles = [("actor", lay.get("actor", list(CONTENTS)))]
     if lay.get("critic") is not None:
         roles.append(("critic", lay["critic"]))

@@ -127,6 +127,7 @@ def check(r: Recipe, blame=lambda key: "recipe", warn=None) -> str:
         if freq is None or freq <= 0:
             bad("verl.overrides.trainer.save_freq", "cluster.requeue resumes from checkpoints: set it to "
                 "a positive whole number of steps (verl's default -1 saves none)")
+    resume_from(r, effective(r, blame=blame), blame)
 
     if is_launcher_stand_in(r):
         return f"not checked: entrypoint {r.verl.entrypoint} is the launcher's own stand-in, not a verl trainer"
@@ -180,6 +181,49 @@ _WANDB_ENV = {"WANDB_PROJECT": "wandb.project", "WANDB_NAME": "wandb.experiment"
 
 STALL_FLOOR = 1800  # seconds: "auto" never stops a job sooner than this after its last step
 STALL_STEPS = 10  # "auto": this many times the slowest step seen
+
+
+def resume_from(r: Recipe, v: Dict[str, Any], blame=lambda key: "recipe") -> Optional[str]:
+    """cluster.resume_from as the job takes it: None, "latest-complete" or a step number. A step
+    may be given as N, global_step_N or its path (a relative one is taken from the current
+    directory); it must be in trainer.default_local_dir, which must be absolute, and verl must be
+    resuming by its tracker (trainer.resume_mode=auto). Whether the step is there and complete is
+    launcher.prior's to say (it reads the directory)."""
+    from .checkpoints import LATEST, STEP_DIR
+
+    given = r.cluster.resume_from
+    if given is None:
+        return None
+    key = "cluster.resume_from"
+
+    def bad(message: str) -> None:
+        raise RecipeError(f"{given!r}: {message}", where=blame(key), key=key)
+
+    text = str(given).strip()
+    ckpt = v.get(CKPT_DIR)
+    if not (isinstance(ckpt, str) and posixpath.isabs(ckpt)):
+        bad(f"verl resumes from {CKPT_DIR}, and it is not set to an absolute directory: set "
+            f"verl.overrides.{CKPT_DIR}")
+    mode = v.get("trainer.resume_mode") or "auto"
+    if mode != "auto":
+        bad(f"trainer.resume_mode is {mode!r}: the job writes verl's tracker, which verl reads only with "
+            "resume_mode=auto (with resume_path, verl.overrides.trainer.resume_from_path says where)")
+    if text == LATEST:
+        return LATEST
+    if text.isdigit():
+        return str(int(text))
+    m = STEP_DIR.fullmatch(text)
+    if m:
+        return str(int(m.group(1)))
+    if "/" in text:
+        path = os.path.normpath(os.path.abspath(os.path.expanduser(text)))
+        m = STEP_DIR.fullmatch(os.path.basename(path))
+        if m and os.path.dirname(path) == os.path.normpath(ckpt):
+            return str(int(m.group(1)))
+        if m:
+            bad(f"{path} is not in {CKPT_DIR} ({ckpt}): verl resumes by its tracker only from there; "
+                "copy that step's directory there first")
+    bad(f"give {LATEST}, a step number, global_step_N, or that step's directory in {CKPT_DIR}")
 
 
 def stall_timeout(value) -> str:

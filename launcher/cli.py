@@ -95,8 +95,14 @@ def _parser() -> argparse.ArgumentParser:
                        help="start the experiment from scratch: refuse (exit 2) if it already has checkpoints "
                             "or an earlier run logging to its W&B run")
     start.add_argument("--resume", action="store_const", const="resume", dest="start",
-                       help="continue the experiment: refuse (exit 2) unless it has a checkpoint verl resumes "
-                            "from. Without either, verl's trainer.resume_mode=auto decides, and `check` says which")
+                       help="continue the experiment: refuse (exit 2) unless verl would resume from its newest "
+                            "complete checkpoint. Without a flag, verl's trainer.resume_mode=auto decides, and "
+                            "`check` says which (and warns where verl would not load the newest complete one)")
+    start.add_argument("--resume-from", metavar="STEP",
+                       help="resume from that checkpoint: N, global_step_N, its directory, or latest-complete (the "
+                            "newest complete one at each start, requeues included). The job writes verl's "
+                            "latest_checkpointed_iteration.txt before verl starts and says so; exit 2 unless verl "
+                            "could load it (cluster.resume_from)")
     s.add_argument("--wait", action="store_true",
                    help="follow the job until it ends (Ctrl-C detaches; the job stays queued or keeps running); "
                         "exit 0 if it COMPLETED, 1 otherwise, 3 if Slurm says it can never start (left queued)")

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import node_checks
-from .checks import capacity, effective, stall_timeout, whole
+from .checkpoints import layout
+from .checks import capacity, effective, is_launcher_stand_in, resume_from, stall_timeout, whole
 from .overrides import verl_args
 from .schema import Recipe
 from .secrets import needs_key, wandb_host
@@ -89,6 +90,8 @@ class Plan:
     exclude_bad_nodes: bool  # requeue without a node the failure is put down to
     stall_timeout: str  # the watchdog's: "auto", "off" or seconds (checks.stall_timeout)
     resume_mode: str  # verl's trainer.resume_mode (launcher.prior: what a submit starts from)
+    resume_from: Optional[str]  # cluster.resume_from: None, "latest-complete" or a step (checks.resume_from)
+    checkpoint_layout: Dict[str, Any]  # what a loadable global_step_N holds for this run (checkpoints.layout)
     verl: Dict[str, Any]  # verl's effective values (checks.effective): overrides, derived, verl's own
     verl_resolved: bool  # verl's preflight gave its resolved values (else the recipe's alone)
     cpu_need: Any  # what verl's Ray actors hold per node (verl_resources.Need; None: not verl)
@@ -134,6 +137,9 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
         exclude_bad_nodes=r.cluster.requeue and r.cluster.exclude_bad_nodes is not False,
         stall_timeout=stall_timeout(r.cluster.stall_timeout),
         resume_mode=str(v.get("trainer.resume_mode") or "auto"),
+        resume_from=resume_from(r, v, blame),
+        # the launcher's stand-in driver saves no verl checkpoint: a step is its directory, as verl checks
+        checkpoint_layout={"strategy": "any"} if is_launcher_stand_in(r) else layout(v),
         verl=v,
         verl_resolved=verl is not None,
         cpu_need=capacity(r, v, blame),

@@ -40,7 +40,7 @@ def cmd_check(args) -> int:
 def cmd_submit(args) -> int:
     req = api.dryrun(args.recipe, args.overrides, args.local, not args.no_check, os.environ, sys.stderr,
                      start=args.start, multirun=args.multirun, max_parallel=args.max_parallel,
-                     max_points=args.max_points)
+                     max_points=args.max_points, resume_from=args.resume_from)
     if args.dry_run:
         if args.json:
             print(json.dumps({"dry_run": True, "command": str(req), **_where(req), "script": req.script,

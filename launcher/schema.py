@@ -51,6 +51,12 @@ class Cluster:
     requeue: bool = False
     signal_seconds: int = 300
     max_restarts: int = 3
+    # Where verl resumes from when its tracker (latest_checkpointed_iteration.txt) would not take
+    # it to the newest complete checkpoint (launcher/checkpoints.py). null: verl's tracker alone;
+    # "latest-complete": at each start, the job writes the tracker for the newest complete step
+    # where verl would not resume from it, and says so; a step (N, global_step_N or its absolute
+    # path in trainer.default_local_dir): the job writes it at its first start. `submit --resume-from`.
+    resume_from: Optional[str] = None
     # A failure put down to a node (its Ray ended, it never joined, only it failed the
     # allocation check, Ray lost it): requeue without that node. null: on with requeue.
     exclude_bad_nodes: Optional[bool] = None

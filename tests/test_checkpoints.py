@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from launcher import checkpoints as ck
 
 FSDP2 = {"strategy": "fsdp", "world_size": 2, "actor": ["model", "optimizer", "extra"], "critic": None}
@@ -180,3 +181,107 @@ def test_a_tracker_verl_would_fail_on_stops_the_first_start(ckpt, tmp_path):
     _tracker(ckpt, "three")
     code, said = _job(ckpt, "auto", 0, tmp_path / "state")
     assert code == ck.STOP and "holds 'three', not a step" in said and "--resume-from global_step_3" in said
+
+
+# ----------------------------------------------------------------------------- check and submit
+VERL = "recipes/sandbox-verl.yaml"
+
+
+def _cli(cli, env, tmp_path, ckpt, *args, cwd=None):
+    """check or submit of the sandbox's verl recipe (2 nodes x 1 GPU: verl's world size 2) on CKPT."""
+    cmd, *rest = args
+    return cli(cmd, ROOT / VERL, "runtime.python=python3", f"paths.runs={tmp_path / 'runs'}",
+               f"verl.overrides.trainer.default_local_dir={ckpt}", *rest, env=env, cwd=cwd)
+
+
+def _warnings(out: str) -> list:
+    return [line[12:] for line in out.splitlines() if line.startswith("WARNING     ")]
+
+
+def test_check_and_submit_name_the_newest_complete_step_verl_would_not_load(cli, clean_env, tmp_path, ckpt):
+    _tracker(ckpt, None)
+    proc = _cli(cli, clean_env, tmp_path, ckpt, "check")
+    assert proc.returncode == 0, proc.stderr
+    want = (f"{ckpt}: it holds global_step_1, global_step_2, global_step_3 but no latest_checkpointed_iteration.txt: "
+            "verl would start from scratch (verl#7952); the newest complete checkpoint is global_step_3; to resume "
+            "from it: submit --resume-from global_step_3 (or --resume-from latest-complete; in a recipe, "
+            "cluster.resume_from)")
+    assert _warnings(proc.stdout) == [want], proc.stdout
+    assert f"start       experiment 'sandbox-verl' starts from scratch, though {ckpt} holds global_step_3" in proc.stdout
+    dry = _cli(cli, clean_env, tmp_path, ckpt, "submit", "--dry-run")  # auto: said, not refused
+    assert dry.returncode == 0 and _warnings(dry.stderr) == [want], dry.stderr
+    resume = _cli(cli, clean_env, tmp_path, ckpt, "submit", "--resume")
+    assert resume.returncode == 2, resume.stderr
+    assert resume.stderr.strip().splitlines()[-1] == (f"error: {ROOT / VERL}: verl.overrides.trainer.default_local_dir: "
+                                                      f"--resume: experiment 'sandbox-verl': {want}")
+    assert not (tmp_path / "runs").exists() and (ckpt / "global_step_3").is_dir()  # nothing written or lost
+    way = _cli(cli, clean_env, tmp_path, ckpt, "submit", "--resume-from", "global_step_3", "--dry-run")
+    assert way.returncode == 0, way.stderr
+    assert (f"start       experiment 'sandbox-verl' will RESUME from step 3 ({ckpt}/global_step_3; "
+            "cluster.resume_from=3: the job writes verl's latest_checkpointed_iteration.txt = 3 before verl starts)"
+            in way.stderr) and _warnings(way.stderr) == []
+    assert not (ckpt / ck.TRACKER).exists()  # the job writes it, not submit
+
+
+@pytest.mark.parametrize("tracker, shard, want", [
+    ("9", None, "names step 9, but global_step_9 is not there (steps there: global_step_1, global_step_2, "
+                "global_step_3): verl would start from scratch; the newest complete checkpoint is global_step_3"),
+    ("3", "model_world_size_2_rank_1.pt", "names step 3, but global_step_3 is incomplete (actor/model_world_size_2_"
+                                          "rank_1.pt is missing or empty): verl would fail loading it; the newest "
+                                          "complete checkpoint is global_step_2"),
+])
+def test_resume_is_refused_where_verl_would_not_load_the_newest_complete_step(cli, clean_env, tmp_path, ckpt,
+                                                                              tracker, shard, want):
+    _tracker(ckpt, tracker)
+    if shard:
+        (ckpt / "global_step_3" / "actor" / shard).unlink()
+    proc = _cli(cli, clean_env, tmp_path, ckpt, "submit", "--resume")
+    assert proc.returncode == 2 and want in proc.stderr, proc.stderr
+    check = _cli(cli, clean_env, tmp_path, ckpt, "check")
+    assert check.returncode == 0 and any(want in w for w in _warnings(check.stdout)), check.stdout
+
+
+@pytest.mark.parametrize("value, cwd, code, words", [
+    ("global_step_9", None, 2, "command line: cluster.resume_from: 9: global_step_9 is not in {ckpt} (steps there: "
+                               "global_step_1, global_step_2, global_step_3)"),
+    ("9", None, 2, "global_step_9 is not in"),
+    ("ckpt/global_step_2", "parent", 0, "will RESUME from step 2 ({ckpt}/global_step_2; cluster.resume_from=2"),
+    ("../ckpt/global_step_2/", "other", 0, "will RESUME from step 2"),
+    ("elsewhere/global_step_2", "parent", 2, "{parent}/elsewhere/global_step_2 is not in "
+                                             "trainer.default_local_dir ({ckpt})"),
+    ("latest", None, 2, "give latest-complete, a step number, global_step_N, or that step's directory"),
+    ("${oc.env:WANDB_API_KEY}", None, 2, "--resume-from '${{oc.env:WANDB_API_KEY}}': give latest-complete"),
+])
+def test_resume_from_takes_a_step_on_disk_and_refuses_the_rest(cli, clean_env, tmp_path, ckpt, value, cwd, code,
+                                                               words):
+    (tmp_path / "other").mkdir()
+    where = {None: None, "parent": ckpt.parent, "other": tmp_path / "other"}[cwd]
+    proc = _cli(cli, clean_env, tmp_path, ckpt, "submit", "--resume-from", value, "--dry-run", cwd=where)
+    assert proc.returncode == code, proc.stderr
+    assert words.format(ckpt=ckpt, parent=ckpt.parent) in proc.stderr, proc.stderr
+    assert clean_env["WANDB_API_KEY"] not in proc.stdout + proc.stderr
+    assert not (tmp_path / "runs").exists() or code == 0
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--fresh"], "not allowed with argument"),
+    (["-m", "data.train_batch_size=8,16"], "--resume-from is for one run, not a sweep (-m)"),
+    (["verl.overrides.trainer.resume_mode=disable"], "trainer.resume_mode is 'disable'"),
+])
+def test_resume_from_with_what_contradicts_it_is_refused(cli, clean_env, tmp_path, ckpt, extra, words):
+    proc = _cli(cli, clean_env, tmp_path, ckpt, "submit", "--resume-from", "2", *extra)
+    assert proc.returncode == 2 and words in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_async_save_is_warned_unless_the_job_writes_the_tracker(cli, clean_env, tmp_path, ckpt):
+    on = "verl.overrides.actor_rollout_ref.actor.checkpoint.async_save=true"
+    proc = _cli(cli, clean_env, tmp_path, ckpt, "check", on)
+    assert proc.returncode == 0, proc.stderr
+    assert _warnings(proc.stdout) == [
+        "actor_rollout_ref.actor.checkpoint.async_save=true: verl 0.9.1 then never writes "
+        "latest_checkpointed_iteration.txt (verl#7952), so a requeue or a resubmit would start over from scratch; "
+        "set cluster.resume_from=latest-complete (the job writes it for the newest complete checkpoint at each start "
+        "and says so), or async_save=false"], proc.stdout
+    proc = _cli(cli, clean_env, tmp_path, ckpt, "check", on, "cluster.resume_from=latest-complete")
+    assert proc.returncode == 0 and _warnings(proc.stdout) == [], proc.stdout
