@@ -23,6 +23,9 @@ class RunPaths:
     PHASES = "phases.jsonl"  # the job's timestamped phase markers
     LOGS = "logs"  # Ray head/worker logs and the node list
     NODES = "nodes.txt"  # "hostname address" per node, under LOGS
+    # The resume check's memory of the first start (launcher/checkpoints.py): the newest complete
+    # checkpoint then, so that a requeue stops only for one this job saved. Under LOGS.
+    RESUME_STATE = "resume-check.json"
 
     # The job's own files, one name pattern each. {restart} is Slurm's restart count: a requeued
     # job's files never overwrite the last run's. {node} is a node's name, {job} the job id.

@@ -3,9 +3,12 @@ templates; it works nothing out, it fills the template from the plan."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from functools import lru_cache
+from pathlib import Path
+from typing import Optional
 
 import jinja2
 
@@ -62,6 +65,7 @@ def render(p: Plan) -> str:
         check_node_py=_embedded("check_node.py"), keep_checkpoints=p.keep_checkpoints,
         node_check_ckpt=p.checkpoint_dir or "", secret_name_re=SECRET_NAME.pattern,
         pending_timeout=rs.pending_timeout, stall_timeout=p.stall_timeout, watch_ray_py=_embedded("watch_ray.py"),
+        resume_check=_resume_check(p), checkpoints_py=_embedded("checkpoints.py", Path(__file__).parent),
     )
     return _env().get_template(TEMPLATE).render(ctx)
 
@@ -83,6 +87,15 @@ def _comment_safe(text: str) -> str:
 
 
 @lru_cache(maxsize=None)
-def _embedded(name: str) -> str:
-    """A helper script the job runs, inserted verbatim in a quoted heredoc."""
-    return (templates_dir() / name).read_text().rstrip("\n")
+def _embedded(name: str, where: Optional[Path] = None) -> str:
+    """A helper script the job runs (from templates/, or WHERE), inserted verbatim in a quoted heredoc."""
+    return ((where or templates_dir()) / name).read_text().rstrip("\n")
+
+
+def _resume_check(p: Plan) -> Optional[dict]:
+    """templates/job/resume_check's arguments; None where verl does not resume by its tracker
+    in a directory the job knows."""
+    if not p.checkpoint_dir or p.resume_mode != "auto":
+        return None
+    return {"dir": p.checkpoint_dir, "layout": json.dumps(p.checkpoint_layout, separators=(",", ":")),
+            "mode": p.resume_from or "auto"}

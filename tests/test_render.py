@@ -83,8 +83,8 @@ def test_container_steps_run_in_the_image_and_the_nodes_step_on_the_host():
     commands = [c for c in script.replace("\\\n", " ").splitlines() if "srun --overlap" in c]
     in_image = [c for c in commands if '"${CONTAINER[@]}"' in c]
     on_host = [c for c in commands if c not in in_image]
-    # teardown, allocation check, reach check, head, workers, readiness, driver, watchdog
-    assert len(in_image) == 8, commands
+    # teardown, resume check, allocation check, reach check, head, workers, readiness, driver, watchdog
+    assert len(in_image) == 9, commands
     assert len(on_host) == 1 and "node_ip" in on_host[0]  # the address probe needs the host's `ip`
     plain = render(load(RECIPES / "gsm8k-grpo.yaml").plan)
     assert "CONTAINER=()" in plain and "--container" not in plain
@@ -104,7 +104,7 @@ def test_rendered_script_passes_bash_n_and_shellcheck(recipe, tmp_path):
 
 def test_every_template_value_goes_through_the_quoting_filter():
     # Code inserted as code, by design: the recipe's trusted setup lines and the readiness poller.
-    code = {"line", "wait_ready_py", "reach_wandb_py", "check_node_py", "watch_ray_py"}
+    code = {"line", "wait_ready_py", "reach_wandb_py", "check_node_py", "watch_ray_py", "checkpoints_py"}
     # The launcher's own file names (paths.py checks them: safe characters, $RESTART to expand).
     name = re.compile(r'paths\.(in_job|glob)\(paths\.[A-Z_]+(, node="(\$1|%N)")?\)')
     exprs = re.findall(r"{{(.*?)}}", "".join(t.read_text() for t in TEMPLATES))

@@ -95,6 +95,47 @@ def test_time_limit_signal_tears_down_and_requeues_itself(cli, sandbox, clean_en
         sandbox.wait(job)
 
 
+def test_a_requeue_that_would_start_over_stops_before_ray_and_the_way_out_resumes(cli, sandbox, clean_env, tmp_path):
+    """A checkpoint the job saved without verl's tracker (async_save, verl#7952): the requeued run
+    stops in its resume check, before Ray, naming it and the way out; a resubmit with that way out
+    has the job write the tracker, and say so, before its driver starts."""
+    ckpt = tmp_path / "runs" / "checkpoints" / "sandbox-demo"
+    info = _submit(cli, sandbox, clean_env, tmp_path)
+    job, run_dir = info["job_id"], info["run_dir"]
+    try:
+        _wait_phase(sandbox, job, run_dir, "driver-start", 0)
+        (ckpt / "global_step_3").mkdir(parents=True)  # saved by this run; no tracker written
+        sandbox.run("scontrol", "requeue", job)
+        _wait_phase(sandbox, job, run_dir, "error", 1)
+        names = [(p["phase"], p["restart"]) for p in _phases(run_dir)]
+        error = next(p["detail"] for p in _phases(run_dir) if p["phase"] == "error" and p["restart"] == 1)
+        assert error == (f"resume check: requeued, and {ckpt} holds a checkpoint this job saved that verl would not "
+                         f"resume from: it holds global_step_3 but no latest_checkpointed_iteration.txt: verl would "
+                         "start from scratch (verl#7952); the newest complete checkpoint is global_step_3. Stopped "
+                         "rather than start over; to resume from it: submit --resume-from global_step_3 (or "
+                         "--resume-from latest-complete; in a recipe, cluster.resume_from)"), error
+        assert ("driver-start", 1) not in names and ("nodes", 1) in names
+        assert not (Path(run_dir) / "logs" / "ray-head.r1.log").exists()
+        assert not (ckpt / "latest_checkpointed_iteration.txt").exists()  # nothing repaired
+        status = cli("status", job, env=sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state"))))
+        assert "Stopped rather than start over" in status.stdout, status.stdout
+    finally:
+        sandbox.run("scancel", job)
+        sandbox.wait(job)
+    again = _submit(cli, sandbox, clean_env, tmp_path, "--resume-from", "global_step_3")
+    job, run_dir = again["job_id"], again["run_dir"]
+    try:
+        _wait_phase(sandbox, job, run_dir, "driver-start", 0)
+        said = [(p["phase"], p["detail"]) for p in _phases(run_dir)]
+        assert ("resume-check", "wrote latest_checkpointed_iteration.txt = 3 (there was none; cluster.resume_from=3); "
+                                "verl resumes from global_step_3") in said, said
+        assert [n for n, _ in said].index("resume-check") < [n for n, _ in said].index("driver-start")
+        assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "3"
+    finally:
+        sandbox.run("scancel", job)
+        sandbox.wait(job)
+
+
 def _reported(run_dir: str, restart: int) -> bool:
     """The demo driver of that restart has written its report and printed its summary."""
     log = Path(run_dir, "logs", f"driver.r{restart}.log")
