@@ -5,13 +5,19 @@ with `scontrol requeue` once verl has saved step 2, then through the job's own t
 step 4. Each restart must resume where verl's tracker points: verl says it loads that step,
 its first step logged is the next, the W&B run and Weave project are the same, and verl's limit
 on kept checkpoints holds across the restarts. Then the run's checkpoint is merged and served
-(test_merge_serve_check below)."""
+(test_merge_serve_check below).
+
+The tracker is removed while the first requeue waits (what verl#7952 leaves: a complete step 2
+and no latest_checkpointed_iteration.txt): the run has cluster.resume_from=latest-complete, so
+its job writes the tracker for step 2 and says so before verl starts, and verl resumes from it.
+After the run, check and submit read its checkpoints as verl would (test_check_and_submit_...)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -31,7 +37,7 @@ class Requeuer:
     restart r started (what it must resume from)."""
 
     def __init__(self, sandbox):
-        self.sandbox, self.done, self.tracker = sandbox, [], {}
+        self.sandbox, self.done, self.tracker, self.removed = sandbox, [], {}, None
 
     def __call__(self, run_dir: Path, first: dict) -> None:
         try:
@@ -46,6 +52,12 @@ class Requeuer:
         if not self.done and saved == "2" and started == [0]:
             self.sandbox.run("scontrol", "requeue", job)
             self.done.append(("scontrol requeue", time.time()))
+            deadline = time.monotonic() + 120  # run 0 gone (it may rewrite the tracker until then)
+            while self.sandbox.job_field(job, "JobState") not in ("PENDING", "REQUEUE_HOLD") \
+                    and time.monotonic() < deadline:
+                time.sleep(0.5)
+            ckpt.unlink()  # verl#7952: a complete step 2 and no tracker
+            self.removed = ckpt.parent / "global_step_2"
         elif len(self.done) == 1 and saved == "4" and 1 in started:
             self.sandbox.run("scancel", "--signal=USR1", "--batch", job)
             self.done.append(("USR1", time.time()))
@@ -66,7 +78,7 @@ def resumed(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
     env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp))
     requeuer = Requeuer(sandbox)
     job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=1200, during=requeuer, overrides=[
-        "cluster.requeue=true", f"wandb.experiment={EXPERIMENT}",
+        "cluster.requeue=true", "cluster.resume_from=latest-complete", f"wandb.experiment={EXPERIMENT}",
         f"verl.overrides.trainer.total_training_steps={STEPS}", f"verl.overrides.trainer.save_freq={EVERY}",
         f"verl.overrides.trainer.max_actor_ckpt_to_keep={KEEP}"])
     job.env, job.requeuer, job.sandbox = env, requeuer, sandbox
@@ -103,6 +115,56 @@ def test_each_restart_resumes_from_verls_last_checkpoint(resumed):
     assert names.index(("teardown", 1)) < names.index(("restart", 2)) < names.index(("driver-start", 2))
     assert names.index(("prune", 1)) < names.index(("driver-start", 2))
     assert job.sandbox.job_field(job.job_id, "Restarts") == "2"  # Slurm's own count
+
+
+def test_the_job_wrote_the_missing_tracker_for_the_newest_complete_step_and_said_so(resumed):
+    """Restart 1 found step 2 complete and no tracker: with cluster.resume_from=latest-complete the
+    job wrote it before verl started (verl then resumed from step 2: the test above); restart 2
+    found verl's own tracker, and wrote nothing."""
+    job = resumed
+    assert job.requeuer.removed is not None and job.requeuer.removed.name == "global_step_2"
+    said = {p["restart"]: p["detail"] for p in job.phases if p["phase"] == "resume-check"}
+    assert said == {1: "wrote latest_checkpointed_iteration.txt = 2 (there was none; cluster.resume_from="
+                       "latest-complete); verl resumes from global_step_2",
+                    2: "verl resumes from global_step_4"}, said
+    names = [(p["phase"], p["restart"]) for p in job.phases]
+    assert names.index(("restart", 1)) < names.index(("resume-check", 1)) < names.index(("driver-start", 1))
+
+
+def test_check_and_submit_read_the_runs_checkpoints_as_verl_would(resumed, cli, tmp_path):
+    """verl's own checkpoint of step 7 (world size 2), and the same files as step 5 before it."""
+    from test_checkpoints import _cli, _warnings
+
+    src = resumed.run_dir.parent.parent / "checkpoints" / EXPERIMENT
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(src, ckpt, ignore=shutil.ignore_patterns("huggingface_merged"))
+    shutil.copytree(ckpt / f"global_step_{STEPS}", ckpt / "global_step_5")
+    tracker = ckpt / "latest_checkpointed_iteration.txt"
+    env = resumed.env
+    assert _warnings(_cli(cli, env, tmp_path, ckpt, "check").stdout) == []  # as verl left it
+
+    tracker.unlink()  # the tracker removed: named at check, refused at submit --resume
+    newest = f"global_step_{STEPS}"
+    warned = _warnings(_cli(cli, env, tmp_path, ckpt, "check").stdout)
+    assert len(warned) == 1 and f"the newest complete checkpoint is {newest}" in warned[0], warned
+    refused = _cli(cli, env, tmp_path, ckpt, "submit", "--resume")
+    assert refused.returncode == 2 and f"--resume-from {newest}" in refused.stderr, refused.stderr
+
+    tracker.write_text("9")  # a tracker naming a step not on disk
+    refused = _cli(cli, env, tmp_path, ckpt, "submit", "--resume")
+    assert refused.returncode == 2 and "names step 9, but global_step_9 is not there (steps there: global_step_5, " \
+        f"{newest})" in refused.stderr, refused.stderr
+    refused = _cli(cli, env, tmp_path, ckpt, "submit", "--resume-from", "global_step_9")
+    assert refused.returncode == 2 and f"(steps there: global_step_5, {newest})" in refused.stderr, refused.stderr
+
+    tracker.write_text(str(STEPS))  # the newest with a rank's shard missing
+    (ckpt / newest / "actor" / "optim_world_size_2_rank_1.pt").unlink()
+    warned = _warnings(_cli(cli, env, tmp_path, ckpt, "check").stdout)
+    assert len(warned) == 1 and f"names step {STEPS}, but {newest} is incomplete (actor/optim_world_size_2_rank_1.pt" \
+        in warned[0] and "the newest complete checkpoint is global_step_5" in warned[0], warned
+    way = _cli(cli, env, tmp_path, ckpt, "submit", "--resume-from", "latest-complete", "--dry-run")
+    assert way.returncode == 0 and "will RESUME from step 5" in way.stderr, way.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_verls_checkpoint_limit_holds_across_restarts(resumed):
