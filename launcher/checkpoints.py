@@ -224,7 +224,10 @@ def job(root: str, lay: dict, mode: str, restart: int, state_file: str) -> tuple
     if target is not None and (s.tracker != target or s.problem):
         held = (f"it named step {s.tracker}" if s.tracker is not None else
                 f"it held {s.tracker_text!r}" if s.tracker_text is not None else "there was none")
-        write_tracker(root, target)
+        try:
+            write_tracker(root, target)
+        except OSError as e:
+            return STOP, f"cluster.resume_from={mode}: cannot write {os.path.join(root, TRACKER)}: {e.strerror}"
         said.append(f"wrote {TRACKER} = {target} ({held}; cluster.resume_from={mode})")
         s = survey(root, lay)
     if restart == 0:

@@ -213,7 +213,7 @@ def check(sweep: Sweep, environ: Mapping[str, str], verl: bool = True) -> None:
     process for all points), then each point's plan, resolved once with the values verl resolved
     (the CPU need refused there); the points must share one allocation and never a checkpoint
     directory."""
-    from . import preflight
+    from . import preflight, prior
     from .secrets import require
 
     for p in sweep.points:
@@ -226,6 +226,8 @@ def check(sweep: Sweep, environ: Mapping[str, str], verl: bool = True) -> None:
                 raise pre
             p.preflight = pre
             p.plan = p.loaded.resolve(pre.config if pre is not None else None)
+            if p.plan.resume_from:  # a step to resume from must be in each point's own directory
+                prior.enforce(prior.find(p.plan, []), "auto", str(p.loaded.recipe.source), p.loaded.blame)
     _one_allocation(sweep)
     _distinct(sweep, "checkpoint directory", lambda p: p.plan.checkpoint_dir, "verl.overrides.trainer.default_local_dir",
               hint=": make it depend on the experiment, e.g. .../checkpoints/${wandb.experiment}")

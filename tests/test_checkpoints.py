@@ -285,3 +285,20 @@ def test_async_save_is_warned_unless_the_job_writes_the_tracker(cli, clean_env, 
         "and says so), or async_save=false"], proc.stdout
     proc = _cli(cli, clean_env, tmp_path, ckpt, "check", on, "cluster.resume_from=latest-complete")
     assert proc.returncode == 0 and _warnings(proc.stdout) == [], proc.stdout
+
+
+def test_a_sweep_point_without_the_step_given_is_refused(cli, clean_env, tmp_path, ckpt):
+    """Each point of a sweep has a checkpoint directory of its own: a step must be in each."""
+    proc = _cli(cli, clean_env, tmp_path, str(ckpt) + "-${wandb.experiment}", "check", "-m",
+                "verl.overrides.data.train_batch_size=8,16", "cluster.resume_from=2")
+    assert proc.returncode == 2 and "cluster.resume_from: 2: global_step_2 is not in" in proc.stderr, proc.stderr
+    proc = _cli(cli, clean_env, tmp_path, str(ckpt) + "-${wandb.experiment}", "check", "-m",
+                "verl.overrides.data.train_batch_size=8,16", "cluster.resume_from=latest-complete")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_tracker_the_job_cannot_write_stops_it(ckpt, tmp_path):
+    _tracker(ckpt, None)
+    (ckpt / ck.TRACKER).mkdir()  # in its place, what no one can replace with a file (root neither)
+    code, said = _job(ckpt, "2", 0, tmp_path / "state")
+    assert code == ck.STOP and f"cannot write {ckpt}/latest_checkpointed_iteration.txt: Is a directory" in said, said
