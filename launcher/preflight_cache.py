@@ -86,14 +86,18 @@ def put(environ: Mapping[str, str], name: Optional[str], result: dict) -> None:
 
 def _files(overrides: List[str]) -> list:
     """The contents of the files the overrides name (a tool or agent-loop config the preflight
-    reads): edit one and the cached verdict no longer applies. Config and code files only: a
-    dataset or a model the overrides name may be gigabytes, and the preflight never reads it."""
+    reads): edit one and the cached verdict no longer applies. A parquet dataset (the preflight
+    reads its agent_name column) by its size and modification time: it may be gigabytes. A
+    model is never read."""
     out = []
     for ov in overrides:
         value = ov.partition("=")[2]
         try:
             if value.startswith("/") and value.endswith((".yaml", ".yml", ".json", ".py")) and os.path.isfile(value):
                 out.append((value, hashlib.sha256(Path(value).read_bytes()).hexdigest()))
+            elif value.startswith("/") and value.endswith(".parquet") and os.path.isfile(value):
+                st = os.stat(value)
+                out.append((value, st.st_size, st.st_mtime_ns))
         except OSError:
             out.append((value, None))
     return out

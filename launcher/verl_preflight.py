@@ -114,6 +114,7 @@ def check(compose, overrides) -> dict:
         # Before verl's own checks: what its agent-loop workers would import, minutes into the job.
         stage = "imports"
         error, notes = imports(cfg.actor_rollout_ref.rollout)
+        error = error or agent_names(cfg)
         if error:
             return {"ok": False, "stage": stage, "error": error}
 
@@ -206,6 +207,53 @@ def imports(rollout):
             "\"Unknown function\"" if loop == "tool_agent" else
             f"rows without an agent_name run {loop}, as without it (verl 0.9 only records the flag)"))
     return None, notes
+
+
+BUILT_IN_LOOPS = ("single_turn_agent", "tool_agent")  # what verl 0.9.1 registers itself
+
+
+def agent_names(cfg):
+    """Every `agent_name` in the local parquet data names an agent loop verl has registered (its
+    own, or the agent-loop config's), as does default_agent_loop: verl finds out at its first
+    rollout (an assertion, minutes into the job). Only the `agent_name` column is read. verl's
+    registry is imported (seconds) only for a name not known without it."""
+    from omegaconf import OmegaConf
+
+    agent = cfg.actor_rollout_ref.rollout.agent
+    known = set(BUILT_IN_LOOPS)
+    if agent.get("agent_loop_config_path"):
+        known |= {str(a.get("name")) for a in OmegaConf.load(agent.agent_loop_config_path) or []}
+    used = []  # (name, where, key, rows)
+    if agent.get("default_agent_loop"):
+        used.append((str(agent.default_agent_loop), "the config", "actor_rollout_ref.rollout.agent.default_agent_loop", 0))
+    for key in ("train_files", "val_files"):
+        files = cfg.data.get(key)
+        for path in ([files] if isinstance(files, str) else list(files or [])):
+            path = str(path)
+            if not (path.endswith(".parquet") and os.path.isfile(path)):
+                continue  # not ours to read (hdfs://, another format): verl's loader decides
+            try:
+                import pyarrow.parquet as pq
+
+                if "agent_name" not in pq.read_schema(path).names:
+                    continue
+                column = pq.read_table(path, columns=["agent_name"]).column("agent_name").to_pylist()
+            except Exception:  # noqa: BLE001 - a file verl's loader cannot read either: its words, later
+                continue
+            for name in sorted({str(n) for n in column}):
+                used.append((name, path, f"data.{key}", column.count(name)))
+    strange = [u for u in used if u[0] not in known]
+    if strange:
+        from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+        known |= set(_agent_loop_registry)
+        strange = [u for u in strange if u[0] not in known]
+    if not strange:
+        return None
+    name, where, key, rows = strange[0]
+    what = f"{key}: {where}: {rows} row(s) with agent_name {name!r}" if rows else f"{key}={name!r}"
+    return (f"{what}: no agent loop of that name is registered (registered: {', '.join(sorted(known))}): verl "
+            f"would fail at its first rollout; register it in {AGENTS}, or fix the name")
 
 
 if __name__ == "__main__":

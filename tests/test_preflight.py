@@ -232,3 +232,26 @@ def test_multi_turn_without_tools_says_what_verl_will_do(cli, clean_env):
     assert "rows without an agent_name run single_turn_agent, as without it" in proc.stdout, proc.stdout
     proc = cli("check", TOOLS, PY, env=clean_env, timeout=300)  # tools named: nothing to say
     assert proc.returncode == 0 and "note" not in proc.stdout, proc.stdout
+
+
+def test_a_row_whose_agent_name_no_loop_has_is_named_at_check(cli, clean_env, tmp_path):
+    """verl asserts the name at its first rollout, minutes into the job: check names the file,
+    the name and its rows; the data's edit is seen through the preflight's cache."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b", "c"], "agent_name": ["tool_agent", "tool_agnet", "tool_agnet"]}),
+                   data)
+    proc = cli("check", TOOLS, PY, f"verl.overrides.data.train_files={data}", env=clean_env, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-500:]
+    assert (f"data.train_files: {data}: 2 row(s) with agent_name 'tool_agnet': no agent loop of that name is "
+            "registered (registered: single_turn_agent, tool_agent): verl would fail at its first rollout") \
+        in proc.stderr, proc.stderr
+    pq.write_table(pa.table({"prompt": ["a"], "agent_name": ["tool_agent"]}), data)
+    proc = cli("check", TOOLS, PY, f"verl.overrides.data.train_files={data}", env=clean_env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    proc = cli("check", TOOLS, PY, "verl.overrides.actor_rollout_ref.rollout.agent.default_agent_loop=tools",
+               env=clean_env, timeout=300)
+    assert proc.returncode == 2 and "actor_rollout_ref.rollout.agent.default_agent_loop='tools': no agent loop" \
+        in proc.stderr, proc.stderr
