@@ -232,6 +232,13 @@ def _with_calls(src: Source, roots: List[dict], nested: bool) -> Iterator[dict]:
         yield trajectory(root, inside.get(root["trace_id"], []), nested)
 
 
+def tool_executions(calls: List[dict], name=lambda c: short_name(c.get("op_name"))) -> List[dict]:
+    """The tool executions among CALLS: each tool's `execute`, but not one inside another (a
+    tool whose execute calls its base class's, both traced, ran once)."""
+    ids = {c.get("id") for c in calls if name(c).endswith(".execute")}
+    return [c for c in calls if name(c).endswith(".execute") and c.get("parent_id") not in ids]
+
+
 def trajectory(root: dict, calls: List[dict], nested: bool = False) -> dict:
     """One trajectory as `traces` shows it (and --json prints it)."""
     a = root.get("attributes") or {}
@@ -241,7 +248,7 @@ def trajectory(root: dict, calls: List[dict], nested: bool = False) -> dict:
          "step": a.get("step"), "sample_index": a.get("sample_index"), "rollout_n": a.get("rollout_n"),
          "validate": a.get("validate"), "experiment": a.get("experiment_name"),
          "turns": sum(n.endswith(".generate") for n in names),
-         "tool_calls": sum(n.endswith(".execute") for n in names),
+         "tool_calls": len(tool_executions(calls)),
          "reward": out.get("reward_score"), "started_at": root.get("started_at")}
     if nested:
         t["inputs"], t["output"] = root.get("inputs"), root.get("output")

@@ -10,6 +10,7 @@ from typing import List
 
 from . import api
 from .console import fail
+from .traces import tool_executions
 
 HEAD = f"{'STEP':>4} {'SAMPLE':>6} {'ROLLOUT':>7} {'SPLIT':<5} {'AGENT LOOP':<24} {'TURNS':>5} {'TOOLS':>5} {'REWARD':>7}  CALL ID"
 
@@ -142,11 +143,12 @@ def turns(t: dict) -> List[dict]:
     """The model's turns in order: each generate, then the tool parser's calls and the tool
     executions that follow it (until the next generate)."""
     out: List[dict] = []
+    executions = {id(c) for c in tool_executions(t.get("calls") or [], name=lambda c: c["op"])}
     for call in t.get("calls") or []:
         op = call["op"]
         if op.endswith(".generate"):
             out.append({"generate": call, "parsed": [], "tools": []})
-        elif out and op.endswith(".execute"):
+        elif out and id(call) in executions:
             out[-1]["tools"].append(call)
         elif out and "extract_tool_calls" in op:
             res = call.get("output")
@@ -160,12 +162,23 @@ def _tool_args(call: dict):
 
 
 def _tool_result(call: dict) -> str:
+    if call.get("exception"):  # it raised: verl answers the model with the error and goes on
+        return f"raised {_exception(call['exception'])[:300]}"
     res = call.get("output")
     if isinstance(res, (list, tuple)) and res:
         res = res[0]
     if isinstance(res, dict):
         res = res.get("text", res)
     return json.dumps(res)[:300] if not isinstance(res, str) else res[:300]
+
+
+def _exception(raised) -> str:
+    """Weave's record of an exception (JSON: type, message, traceback) as `Type: message`."""
+    try:
+        e = json.loads(raised) if isinstance(raised, str) else raised
+        return f"{e['type']}: {e['message']}"
+    except (ValueError, TypeError, KeyError):
+        return str(raised)
 
 
 def _count(ids) -> str:

@@ -40,15 +40,25 @@ class Calc:
     async def execute(self, instance_id, parameters):
         return {"text": str(eval(parameters["expression"]))}
 
+class Faulty(Calc):  # a tool of one's own on a traced base: it raises for sample 1
+    @rollout_trace_op
+    async def execute(self, instance_id, parameters):
+        if parameters["expression"].startswith("1 "):
+            raise RuntimeError("the tool broke")
+        return await super().execute(instance_id, parameters)
+
 class ToyAgentLoop:
     def __init__(self):
-        self.server, self.tool = Server(), Calc()
+        self.server, self.tool, self.faulty = Server(), Calc(), Faulty()
 
     @rollout_trace_op
-    async def run(self, sample_index, rollout_n):
+    async def run(self, sample_index, rollout_n, step):
         out = await self.server.generate(list(range(sample_index + 2)))
         if rollout_n == 1:
-            await self.tool.execute("i", {"expression": f"{sample_index} + 40"})
+            try:  # as verl's ToolAgentLoop: the error goes back to the model, the loop goes on
+                await (self.faulty if step == 2 else self.tool).execute("i", {"expression": f"{sample_index} + 40"})
+            except RuntimeError:
+                pass
             await self.server.generate(out["token_ids"])
         return {"num_turns": 2 + 2 * rollout_n, "reward_score": float(sample_index + rollout_n),
                 "prompt_text": f"what is {sample_index} + 40?", "response_text": f"answer {sample_index + 40}"}
@@ -59,10 +69,10 @@ async def main():
         for sample in (0, 1):
             for n in (0, 1):
                 with rollout_trace_attr(sample_index=sample, step=step, rollout_n=n):
-                    await loop.run(sample, n)
+                    await loop.run(sample, n, step)
     for sample in (0, 1):
         with rollout_trace_attr(sample_index=sample, step=0, rollout_n=0, validate=True):
-            await loop.run(sample, 0)
+            await loop.run(sample, 0, 0)
 
 asyncio.run(main())
 weave.finish()
@@ -228,7 +238,7 @@ def test_traces_json_holds_the_nested_calls_with_inputs_and_outputs(run):
     ops = [c["op"] for c in t["calls"]]
     assert ops == ["Server.generate", "Calc.execute", "Server.generate"], ops
     assert t["calls"][1]["inputs"]["parameters"] == {"expression": "1 + 40"} and t["calls"][1]["output"] == {"text": "41"}
-    assert t["output"]["response_text"] == "answer 41" and t["inputs"] == {"sample_index": 1, "rollout_n": 1}
+    assert t["output"]["response_text"] == "answer 41" and t["inputs"] == {"sample_index": 1, "rollout_n": 1, "step": 1}
 
 
 def test_show_prints_the_prompt_each_turn_the_tool_call_and_its_result(run):
@@ -240,6 +250,18 @@ def test_show_prints_the_prompt_each_turn_the_tool_call_and_its_result(run):
     assert "prompt     what is 0 + 40?" in out and "response   answer 40" in out
     assert out.index("turn 1     think 2") < out.index('tool       Calc({"expression": "0 + 40"}) -> 40') \
         < out.index("turn 2     think 2") < out.index("reward     1")
+
+
+def test_show_prints_a_tool_that_raised_and_a_tool_on_a_traced_base_once(run):
+    for sample, line in ((1, '  tool       Faulty({"expression": "1 + 40"}) -> raised RuntimeError: the tool broke'),
+                         (0, '  tool       Faulty({"expression": "0 + 40"}) -> 40')):
+        t = json.loads(traces(run, "--json", "--step", "2", "--sample-index", str(sample), "--rollout-n", "1").stdout)
+        assert [c["op"] for c in t["calls"]] == ["Server.generate", "Faulty.execute"] + (
+            ["Calc.execute"] if sample == 0 else []) + ["Server.generate"], t["calls"]
+        assert t["tool_calls"] == 1
+        out = traces(run, "--show", t["call_id"]).stdout
+        tools = [x for x in out.splitlines() if x.startswith("  tool ")]
+        assert tools == [line], out
 
 
 def test_compare_puts_two_steps_of_one_sample_side_by_side(run):
