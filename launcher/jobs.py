@@ -130,9 +130,10 @@ def follow(run, out) -> dict:
     progress is one line rewritten in place), then its end; its status. Ctrl-C detaches."""
     t0 = time.monotonic()
     live = out.isatty()
-    open_line = [False]
+    open_line, seen = [False], [None]
 
     def show(text: str) -> None:
+        seen[0] = text.split(maxsplit=1)[0].rstrip(":") if text.strip() else None  # "PENDING (BeginTime)"
         line = redact(f"  [{time.monotonic() - t0:6.1f}s] {text}")
         if live and text.startswith(("RUNNING: driver-start - ", "RUNNING: training - ")):
             print(f"\r\033[K{line}", end="", file=out, flush=True)
@@ -144,11 +145,9 @@ def follow(run, out) -> dict:
     try:
         run.wait(poll=2.0, on_change=show)
     except KeyboardInterrupt:
-        try:
-            state = run.state()
-        except (api.SlurmError, KeyboardInterrupt):
-            state = None
-        print(("\n" if open_line[0] else "") + f"\n{_detached(run.job_id, state)}", file=out)
+        # The state the wait last saw, not a new Slurm query: Ctrl-C detaches at once, however
+        # slow slurmctld (or sacct) answers just then.
+        print(("\n" if open_line[0] else "") + f"\n{_detached(run.job_id, seen[0])}", file=out)
         raise SystemExit(0)
     except api.SlurmError as e:
         if not getattr(e, "never_starts", None):
