@@ -236,11 +236,13 @@ def traces_per_step(r: Recipe, v: Dict[str, Any]) -> Optional[int]:
     return batch * n if cap is None else min(cap * workers, batch) * n
 
 
-# What one traced call costs in Weave, measured on the sandbox's tool-agent job
-# (tests/test_tool_agent_job.py, the stand-in's byte count): about 1.5 kB of its own, and each
-# token id it carries (prompt and response ids, in each turn's generate and the trajectory's
-# root) about 8 bytes as JSON, 4 more decoded (trace.token2text).
-CALL_BYTES, ID_BYTES, TEXT_BYTES = 1500, 8, 4
+# What traced calls cost in Weave, measured on the sandbox's tool-agent job (the stand-in's count
+# of what weave wrote, tests/test_tool_agent_job.py): about 1.8 kB a call of its own (ids,
+# attributes, times, the inputs verl passes); each token id about 5 bytes as JSON, in the root's
+# ids and in every turn's generate (its prompt grows by the turns before); each response token's
+# log-prob about 30 bytes, in the root and in the generate that wrote it; decoded text
+# (trace.token2text) about 4 bytes a token more.
+CALL_BYTES, ID_BYTES, LOGPROB_BYTES, TEXT_BYTES = 1800, 5, 30, 4
 
 
 def trace_volume(r: Recipe, v: Dict[str, Any], per_step: Optional[int]) -> Optional[Tuple[int, int]]:
@@ -257,5 +259,6 @@ def trace_volume(r: Recipe, v: Dict[str, Any], per_step: Optional[int]) -> Optio
         return None
     calls = 2 if turns == 1 else 3 * turns
     ids = (1 + turns) * (v["data.max_prompt_length"] + v["data.max_response_length"])
-    each = calls * CALL_BYTES + ids * (ID_BYTES + (TEXT_BYTES if r.trace.token2text else 0))
+    each = (calls * CALL_BYTES + ids * (ID_BYTES + (TEXT_BYTES if r.trace.token2text else 0))
+            + 2 * v["data.max_response_length"] * LOGPROB_BYTES)
     return calls * per_step, each * per_step

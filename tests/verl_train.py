@@ -213,14 +213,14 @@ RUN_DIR_LINE = re.compile(r"^\s+run dir\s+(\S+)\s*$")  # submit's "  run dir  PA
 
 
 def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "team", timeout: float = 900,
-          echo: bool = False, during=None, standin: Optional[StandIn] = None) -> Trained:
-    """Submit recipes/sandbox-verl.yaml (`submit --wait`) with NODE_PYTHON on the nodes and a
+          echo: bool = False, during=None, standin: Optional[StandIn] = None, recipe: Path = RECIPE) -> Trained:
+    """Submit RECIPE, recipes/sandbox-verl.yaml by default (`submit --wait`), with NODE_PYTHON on the nodes and a
     W&B stand-in on the sandbox's bridge (ENV's WANDB_API_KEY is its key), and collect.
     DURING(run_dir, first_log) is called as the job runs (first_log: step -> when first logged).
     STANDIN: a stand-in of the caller's (on BRIDGE), left running after the job, to read from."""
     key = env["WANDB_API_KEY"]
     with (contextlib.nullcontext(standin) if standin else StandIn(host=BRIDGE, api_key=key)) as w:
-        cmd = [sys.executable, "-m", "launcher.cli", "submit", str(RECIPE), f"runtime.python={node_python}",
+        cmd = [sys.executable, "-m", "launcher.cli", "submit", str(recipe), f"runtime.python={node_python}",
                f"paths.runs={runs}", f"wandb.base_url={w.url}", f"wandb.entity={entity}",
                "wandb.reach_timeout=5", *overrides, "--wait"]
         t0 = time.time()

@@ -100,6 +100,8 @@ class StandIn:
         self.requests: list[tuple[str, str, bool]] = []
         self.unknown: list[tuple[str, str]] = []   # (method, path) this stand-in cannot answer
         self.bodies: list[tuple[str, Any]] = []    # (path, parsed JSON body) of every POST
+        # Bytes received per path, as sent (compressed if it was) and decoded: what a run costs.
+        self.received: dict[str, list[int]] = {}
         self.runs: dict[str, dict[str, Any]] = {}  # wandb runs by run id, see _new_run
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -192,11 +194,14 @@ class StandIn:
             self.requests.append((method, path, authorized))
             self._changed.notify_all()
 
-    def _record(self, *, calls=(), body=None, path=None, unknown=None) -> None:
+    def _record(self, *, calls=(), body=None, path=None, unknown=None, size=None) -> None:
         with self._changed:
             self.calls.extend(calls)
             if path is not None:
                 self.bodies.append((path, body))
+            if size is not None:
+                total = self.received.setdefault(path, [0, 0])
+                total[0], total[1] = total[0] + size[0], total[1] + size[1]
             if unknown is not None:
                 self.unknown.append(unknown)
             self._changed.notify_all()
@@ -338,7 +343,7 @@ def _make_handler(standin: StandIn):
             standin._record_request(method, path, ok)
             body = _decode_body(raw, self.headers.get("Content-Encoding", "")) if raw else None
             if method == "POST":
-                standin._record(body=body, path=path)
+                standin._record(body=body, path=path, size=(len(raw), len(json.dumps(body)) if body else 0))
             if method == "POST" and path in _READS:
                 return self._read(path, body, ok)
             # Routed even without the key, so calls sent with a wrong key are recorded

@@ -1,0 +1,194 @@
+"""Agents with tools on the real sandbox (recipes/sandbox-tool-agent.yaml): verl's own
+ToolAgentLoop, driven by the smoke assets' tool model, calls the calculator in agent-loop
+workers (Ray actors) on both nodes, importing it through the recipe's PYTHONPATH, and GRPO trains
+on it. The tool here is the example's with a fault (tests/tools/faulty_calculator.py): a
+multiplication raises out of its execute, as a broken tool's would, and verl answers the model
+with the error and goes on. One 2-step job serves every assertion; what happened is read from
+verl's log and from what the W&B stand-in received (the real weave client sending verl's own
+trace calls). It is a job of its own, not rows of the shared `trained` run: that run's model is
+the plain smoke model, which never writes a tool call."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from conftest import RECIPES, ROOT
+from sandbox_procs import job_processes
+from wandb_standin import _READS as READS, StandIn
+from verl_train import BRIDGE, NODE_IP, job_env, train
+
+RECIPE = RECIPES / "sandbox-tool-agent.yaml"
+FAULTY = ROOT / "tests" / "tools" / "faulty-calculator.yaml"
+STEPS = 2
+LOOP, EXECUTE = "ToolAgentLoop.run", "CalculatorTool.execute"
+BROKEN = "RuntimeError: the calculator's multiplier is broken (a test fault)"
+
+
+def _overrides() -> list:
+    """The faulty tool, importable on the nodes through the recipe's environment (PYTHONPATH: the
+    project and the CPU platform, as shipped, and tests/tools)."""
+    path = f"{ROOT}:{ROOT}/tests/cpu_platform:{FAULTY.parent}"
+    return [f"verl.overrides.actor_rollout_ref.rollout.multi_turn.tool_config_path={FAULTY}", f"env.PYTHONPATH={path}"]
+
+
+@pytest.fixture(scope="module")
+def tool_job(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tools")
+    env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp))
+    with StandIn(host=BRIDGE, api_key=wandb_key) as w:
+        job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900, standin=w, recipe=RECIPE,
+                    overrides=_overrides())
+        job.env, job.tmp, job.standin = env, tmp, w
+        (tmp / "calls.json").write_text(json.dumps(job.calls, default=str))  # to read when a test fails
+        assert job.run_dir is not None, job.out + job.err
+        yield job
+
+
+def _by_trace(calls) -> dict:
+    out = {}
+    for c in calls:
+        out.setdefault(c["trace_id"], []).append(c)
+    return out
+
+
+def _roots(job) -> list:
+    return [c for c in job.calls if c["parent_id"] is None and c["short_name"] == LOOP]
+
+
+def _found_calls(output) -> list:
+    """The FunctionCalls a tool parser's extract_tool_calls returned, however weave serialized them."""
+    found = []
+    if isinstance(output, dict):
+        if set(output) >= {"name", "arguments"}:
+            found.append(output)
+        else:
+            for v in output.values():
+                found += _found_calls(v)
+    elif isinstance(output, (list, tuple)):
+        for v in output:
+            found += _found_calls(v)
+    return found
+
+
+def _text(output) -> str:
+    """A tool's ToolResponse text from execute's traced output (response, reward, metrics)."""
+    first = output[0] if isinstance(output, (list, tuple)) else output
+    return str(first.get("text") if isinstance(first, dict) else first)
+
+
+def _check(job, cli):
+    est = cli("check", RECIPE, f"runtime.python={sys.executable}", "wandb.entity=team", *_overrides(), env=job.env)
+    assert est.returncode == 0, est.stderr
+    return est.stdout
+
+
+def test_tool_agent_trains_and_the_weights_reach_vllm(tool_job):
+    job = tool_job
+    assert job.returncode == 0, job.out[-3000:] + job.err[-2000:]
+    last, traced = job.out.strip().splitlines()[-2:]
+    assert last.startswith(f"job {job.job_id} COMPLETED"), last
+    assert re.fullmatch(rf"traces +\d+ received, steps 1-{STEPS}, \d+/step as estimated", traced), traced
+    steps = job.steps
+    assert sorted(steps) == list(range(1, STEPS + 1)), job.log[-3000:]
+    for n, m in steps.items():
+        assert m["actor/grad_norm"] > 0, (n, m)
+        assert m["training/rollout_actor_probs_pearson_corr"] > 0.99, (n, m)  # the synced weights reached vLLM
+    assert job_processes(job.job_id) == []
+    assert job.standin.unknown == []
+
+
+def test_every_tool_trajectory_holds_the_call_the_model_wrote_and_its_result(tool_job):
+    """Each traced ToolAgentLoop trajectory: a parser call that found the model's call, the
+    tool's execute with those arguments, its result (or, where it raised, verl's error) in the
+    next turn's prompt, and every call in it carrying the trajectory's step, sample_index and
+    rollout_n; the response holds the call and the answer."""
+    job = tool_job
+    traces = _by_trace(job.calls)
+    roots = _roots(job)
+    assert roots, sorted({c["short_name"] for c in job.calls if c["parent_id"] is None})
+    silent, raised = [], 0  # sampled at temperature 1, the model may garble a call now and then
+    for root in roots:
+        calls = sorted(traces[root["trace_id"]], key=lambda c: c.get("started_at") or "")
+        a = root["attributes"]
+        for c in calls:
+            assert {k: c["attributes"].get(k) for k in ("step", "sample_index", "rollout_n")} == \
+                {k: a[k] for k in ("step", "sample_index", "rollout_n")}, (c["short_name"], c["attributes"], a)
+        found = [f for c in calls if c["short_name"].endswith(".extract_tool_calls") for f in _found_calls(c["output"])]
+        if not found:
+            silent.append(root["output"].get("response_text"))
+            continue
+        assert found[0]["name"] == "calculator", found
+        executes = [c for c in calls if c["short_name"] == EXECUTE]
+        assert len(executes) == 1, [c["short_name"] for c in calls]
+        ex = executes[0]
+        assert ex["inputs"]["parameters"] == json.loads(found[0]["arguments"]), (ex["inputs"], found[0])
+        if ex.get("exception"):
+            raised += 1
+            assert BROKEN.split(": ", 1)[1] in str(ex["exception"]) and "*" in ex["inputs"]["parameters"]["expression"]
+            result = f"Error executing tool 'calculator': {BROKEN.split(': ', 1)[1]}"
+        else:
+            result = _text(ex["output"])
+        later = [g for g in calls if g["short_name"].endswith(".generate")
+                 and (g.get("started_at") or "") > (ex.get("started_at") or "")]
+        assert later and f"<tool_response>\n{result}\n</tool_response>" in later[0]["output"]["prompt_text"], \
+            (result, [g["output"].get("prompt_text") for g in later])
+        response = root["output"]["response_text"]
+        assert "<tool_call>" in response and f"<tool_response>\n{result}\n</tool_response>" in response, response
+        assert ex.get("exception") or "####" in response, response  # the answer (after an error, the
+        # model, never taught one, may say anything: the error reached it, and training goes on)
+    assert len(silent) <= len(roots) // 4, silent
+    print(f"\n{len(roots)} tool trajectories: {len(roots) - len(silent)} called the tool, {raised} of those raised")
+    assert {NODE_IP.get(c["client"]) for c in roots} == {"node1", "node2"}
+
+
+def test_trajectories_and_calls_per_step_are_checks_estimate(tool_job, cli):
+    """Under the cap, 1 sample per agent-loop worker per step with all its rollouts: check's
+    trajectories and calls per step are what arrived; its bytes per step are what the stand-in
+    received, roughly."""
+    job = tool_job
+    out = _check(job, cli)
+    per_step = int(re.search(r"^traces +about (\d+) per training step", out, re.M).group(1))
+    assert per_step == 1 * 2 * 2  # the cap 1 x 2 agent-loop workers x rollout.n 2
+    roots, traces = _roots(job), _by_trace(job.calls)
+    by_step = {}
+    for c in roots:
+        by_step.setdefault(c["attributes"]["step"], []).append(c)
+    assert {s: len(cs) for s, cs in by_step.items()} == {s: per_step for s in range(1, STEPS + 1)}
+    calls = {s: sum(len(traces[r["trace_id"]]) for r in cs) for s, cs in by_step.items()}
+    m = re.search(r"^traces +about (\d+) calls and ([\d.]+) MB per training step", out, re.M)
+    assert m, out
+    sent = sum(d for path, (_, d) in job.standin.received.items()  # what weave wrote, not what was read
+               if path.startswith("/traces/") and path not in READS)
+    print(f"\ncalls per step {calls} (check: {m.group(1)}); sent {sent} bytes in {STEPS} steps "
+          f"({sent / STEPS / 1e6:.3f} MB/step; check: {m.group(2)} MB at most)")
+    assert all(int(m.group(1)) >= n >= int(m.group(1)) * 0.7 for n in calls.values()), (calls, m.group(0))
+    assert sent / STEPS / 1e6 <= float(m.group(2)) <= 3 * sent / STEPS / 1e6, (sent, m.group(0))  # at most, roughly
+
+
+def test_traces_show_and_compare_a_tool_trajectory(tool_job, cli):
+    job, env = tool_job, tool_job.env
+    listed = cli("traces", job.job_id, "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    tools = [t for t in map(json.loads, listed.stdout.splitlines()) if t["op"] == LOOP and t["tool_calls"] == 1]
+    assert len(tools) >= 2, listed.stdout[-2000:]
+    by_id = {c["id"]: c for c in job.calls}
+    for t in tools[:2]:
+        show = cli("traces", job.job_id, "--show", t["call_id"], env=env)
+        assert show.returncode == 0, show.stderr
+        ex = next(c for c in job.calls if c["trace_id"] == t["trace_id"] and c["short_name"] == EXECUTE)
+        result = f"raised {BROKEN}" if ex.get("exception") else _text(ex["output"])
+        line = f"  tool       CalculatorTool({json.dumps(ex['inputs']['parameters'])}) -> {result}"
+        lines = show.stdout.splitlines()
+        assert line in lines, show.stdout
+        assert lines.index(line) < next(i for i, x in enumerate(lines) if x.startswith("turn 2 ")), show.stdout
+        assert by_id[t["call_id"]]["output"]["response_text"].splitlines()[0] in show.stdout
+    compare = cli("traces", job.job_id, "--compare", tools[0]["call_id"], tools[1]["call_id"], env=env)
+    assert compare.returncode == 0, compare.stderr
+    rows = [x[2:15].strip() for x in compare.stdout.splitlines()]
+    assert rows.index("turn 1") < rows.index("tools") < rows.index("turn 2"), compare.stdout
+    assert compare.stdout.count("CalculatorTool(") == 2, compare.stdout
