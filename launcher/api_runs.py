@@ -94,6 +94,10 @@ class Run:
         out = {"received": t.total, "per_step": t.counts, "estimate": t.estimate, "short": t.short, "text": t.text()}
         if not t.total:
             out["text"] += ": " + traces.why_none(self.record)
+        size, secs = self.record.get("trace_bytes_per_step"), RunPaths(Path(self.run_dir)).seconds_per_step()
+        if t.total and size and secs:  # check's estimate, at most, at this run's own pace
+            out["volume"] = (f"about {size / 1e6:.2f} MB a step at most (check's estimate): "
+                             f"{size * 86400 / secs / 1e9:.1f} GB a day at this run's {secs:.1f} s/step")
         return out
 
     def wait(self, poll: float = 5.0, timeout: Optional[float] = None,

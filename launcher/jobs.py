@@ -74,6 +74,8 @@ def cmd_status(args) -> int:
         print(f"W&B note    {row['links_note']}")
     if row.get("traces"):
         print(redact(f"traces     {row['traces']['text']}"))
+        if row["traces"].get("volume"):
+            print(f"volume     {row['traces']['volume']}")
     for m in row["merges"]:
         done = f"merged, {m['parameters']:,} parameters" if m.get("parameters") else m["state"]
         served = m.get("serve_check")

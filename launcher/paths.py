@@ -211,6 +211,16 @@ class RunPaths:
         return (state.get("summary") if running else state.get("training")) or None
 
 
+    def seconds_per_step(self) -> Optional[float]:
+        """The latest run's seconds per training step, as the watchdog last read them."""
+        latest = self.latest(self.RAY_STATE)
+        try:
+            got = json.loads(latest.read_text()).get("seconds_per_step") if latest else None
+        except (OSError, ValueError, AttributeError):
+            return None
+        return float(got) if isinstance(got, (int, float)) and not isinstance(got, bool) and got > 0 else None
+
+
 def shown_phase(phase: Optional[str], progress: Optional[str]) -> Optional[str]:
     """The job's phase as a person reads it: 'training' once the driver reports training steps."""
     if phase == "driver-start" and progress and re.search(r"\btraining step \d", progress):

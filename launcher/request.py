@@ -86,9 +86,17 @@ def for_run(plan: Plan, local: bool = False, run_dir: Optional[Path] = None, now
               "project": r.wandb.project, "entity": r.wandb.entity, "nodes": r.cluster.nodes,
               "gpus_per_node": r.cluster.gpus_per_node, "wandb_base_url": r.wandb.base_url, "created": now,
               "wandb_enabled": r.wandb.enabled, "trace_backend": r.trace.backend,
-              "traces_per_step": plan.traces_per_step, **meta}
+              "traces_per_step": plan.traces_per_step, "trace_bytes_per_step": _trace_bytes(plan), **meta}
     return Request(script=render(plan), paths=RunPaths(run_dir), command=["sbatch", "--parsable", RunPaths.SCRIPT],
                    meta=record, plan=plan, recipe_yaml=resolved_yaml(r), local=local)
+
+
+def _trace_bytes(plan: Plan) -> Optional[int]:
+    """What check estimates the run sends Weave per training step, at most (plan.trace_volume)."""
+    from .plan import trace_volume
+
+    volume = trace_volume(plan.recipe, plan.verl, plan.traces_per_step) if plan.recipe.trace.backend != "none" else None
+    return volume[1] if volume else None
 
 
 def runs_dir(r) -> Path:

@@ -168,6 +168,10 @@ def test_trajectories_and_calls_per_step_are_checks_estimate(tool_job, cli):
           f"({sent / STEPS / 1e6:.3f} MB/step; check: {m.group(2)} MB at most)")
     assert all(int(m.group(1)) >= n >= int(m.group(1)) * 0.7 for n in calls.values()), (calls, m.group(0))
     assert sent / STEPS / 1e6 <= float(m.group(2)) <= 3 * sent / STEPS / 1e6, (sent, m.group(0))  # at most, roughly
+    status = cli("status", job.job_id, env=job.env).stdout  # and a day of it, at this run's pace
+    day = re.search(rf"^volume +about {m.group(2)} MB a step at most \(check's estimate\): ([\d.]+) GB a day at "
+                    r"this run's ([\d.]+) s/step$", status, re.M)
+    assert day and abs(float(day.group(1)) - float(m.group(2)) * 86400 / 1e3 / float(day.group(2))) < 0.2, status
 
 
 def test_traces_show_and_compare_a_tool_trajectory(tool_job, cli):
