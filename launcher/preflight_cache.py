@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import List, Mapping, Optional
 
-FORMAT = 1  # bump when the preflight script or what it reports changes
+FORMAT = 2  # bump when the preflight script or what it reports changes
 KEEP = 200  # entries; the oldest go first
 # Where verl lies, and the newest change to the code and config its checks read; run by the
 # recipe's interpreter without importing verl (~40 ms).
@@ -75,7 +75,7 @@ def put(environ: Mapping[str, str], name: Optional[str], result: dict) -> None:
     try:
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / f".{name}.{os.getpid()}"
-        tmp.write_text(json.dumps({k: result[k] for k in ("ok", "verl_version", "config") if k in result}))
+        tmp.write_text(json.dumps({k: result[k] for k in ("ok", "verl_version", "config", "notes") if k in result}))
         os.replace(tmp, d / f"{name}.json")
         entries = sorted(d.glob("*.json"), key=lambda p: p.stat().st_mtime)
         for old in entries[:-KEEP]:

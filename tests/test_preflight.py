@@ -255,3 +255,11 @@ def test_a_row_whose_agent_name_no_loop_has_is_named_at_check(cli, clean_env, tm
                env=clean_env, timeout=300)
     assert proc.returncode == 2 and "actor_rollout_ref.rollout.agent.default_agent_loop='tools': no agent loop" \
         in proc.stderr, proc.stderr
+
+
+def test_a_note_is_said_again_when_the_verdict_comes_from_the_cache(cli, clean_env):
+    for _ in range(2):
+        proc = cli("check", GSM8K, PY, f"{MT}.enable=true", env=clean_env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert "rows without an agent_name run single_turn_agent, as without it" in proc.stdout, proc.stdout
+    assert "(cached: this verl passed these overrides before)" in proc.stdout
