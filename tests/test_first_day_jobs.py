@@ -113,8 +113,10 @@ def test_wait_stops_for_a_job_that_can_never_start_and_leaves_it_queued(cli, san
 def test_ctrl_c_on_wait_for_a_queued_job_says_it_stays_queued(sandbox, env, tmp_path):
     cmd = [sys.executable, "-m", "launcher.cli", "submit", str(DEMO), f"runtime.python={sys.executable}",
            f"paths.runs={tmp_path / 'runs'}", "cluster.sbatch_args=['--begin=now+3600']", "--wait"]
+    # Ctrl-C as a terminal sends it, to a process that has not inherited SIGINT ignored (pytest
+    # run as a background job `&` has: the launcher would never see the signal)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     job, seen = None, []
     try:
         for line in proc.stdout:
