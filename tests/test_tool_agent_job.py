@@ -20,7 +20,7 @@ import pytest
 from conftest import RECIPES, ROOT
 from sandbox_procs import job_processes
 from wandb_standin import _READS as READS, StandIn
-from verl_train import BRIDGE, NODE_IP, job_env, train
+from verl_train import BRIDGE, NODE_IP, assert_trained, job_env, train
 
 RECIPE = RECIPES / "sandbox-tool-agent.yaml"
 FAULTY = ROOT / "tests" / "tools" / "faulty-calculator.yaml"
@@ -89,15 +89,7 @@ def _check(job, cli):
 
 def test_tool_agent_trains_and_the_weights_reach_vllm(tool_job):
     job = tool_job
-    assert job.returncode == 0, job.out[-3000:] + job.err[-2000:]
-    last, traced = job.out.strip().splitlines()[-2:]
-    assert last.startswith(f"job {job.job_id} COMPLETED"), last
-    assert re.fullmatch(rf"traces +\d+ received, steps 1-{STEPS}, \d+/step as estimated", traced), traced
-    steps = job.steps
-    assert sorted(steps) == list(range(1, STEPS + 1)), job.log[-3000:]
-    for n, m in steps.items():
-        assert m["actor/grad_norm"] > 0, (n, m)
-        assert m["training/rollout_actor_probs_pearson_corr"] > 0.99, (n, m)  # the synced weights reached vLLM
+    assert_trained(job, STEPS)
     assert job_processes(job.job_id) == []
     assert job.standin.unknown == []
 

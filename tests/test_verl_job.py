@@ -26,7 +26,7 @@ import pytest
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
 from wandb_standin import StandIn
-from verl_train import BRIDGE, NODE_IP, job_env, parse_steps, phases as _phases, plain as _plain, train
+from verl_train import BRIDGE, NODE_IP, assert_trained, job_env, parse_steps, phases as _phases, plain as _plain, train
 
 RECIPE = RECIPES / "sandbox-verl.yaml"
 STEPS = 3  # the recipe's trainer.total_training_steps
@@ -86,15 +86,8 @@ def trained(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
 def test_verl_trains_every_step_and_the_weights_reach_vllm(trained):
     """verl's own log: steps 1..N, real gradients from a reward that varies, and vLLM's token
     probabilities matching the actor's after each weight sync; the job ends COMPLETED."""
-    assert trained.returncode == 0, trained.out[-3000:] + trained.err[-2000:]
-    last, traced = trained.out.strip().splitlines()[-2:]
-    assert last.startswith(f"job {trained.job_id} COMPLETED"), last
-    assert re.fullmatch(rf"traces +\d+ received, steps 1-{STEPS}, \d+/step as estimated", traced), traced
-    steps = trained.steps
-    assert sorted(steps) == list(range(1, STEPS + 1)), trained.log[-3000:]
-    for n, m in steps.items():
-        assert m["actor/grad_norm"] > 0, (n, m)
-        assert m["training/rollout_actor_probs_pearson_corr"] > 0.99, (n, m)  # the synced weights reached vLLM
+    assert_trained(trained, STEPS)
+    for n, m in trained.steps.items():
         assert m["critic/advantages/max"] > 0 > m["critic/advantages/min"], (n, m)  # GRPO: the reward varies
     assert trained.checkpoint is not None and trained.checkpoint.name == f"global_step_{STEPS}"
     assert (trained.checkpoint / "actor").is_dir()

@@ -262,6 +262,20 @@ def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "te
                    calls, wandb_runs, w.url, time.time() - t0, t0, first)
 
 
+def assert_trained(job: "Trained", steps: int) -> None:
+    """What every training job must show: COMPLETED with every trajectory arrived as estimated;
+    verl's log steps 1..STEPS, each with a real gradient and vLLM's token probabilities matching
+    the actor's after the weight sync."""
+    assert job.returncode == 0, job.out[-3000:] + job.err[-2000:]
+    last, traced = job.out.strip().splitlines()[-2:]
+    assert last.startswith(f"job {job.job_id} COMPLETED"), last
+    assert re.fullmatch(rf"traces +\d+ received, steps 1-{steps}, \d+/step as estimated", traced), traced
+    assert sorted(job.steps) == list(range(1, steps + 1)), job.log[-3000:]
+    for n, m in job.steps.items():
+        assert m["actor/grad_norm"] > 0, (n, m)
+        assert m["training/rollout_actor_probs_pearson_corr"] > 0.99, (n, m)  # the synced weights reached vLLM
+
+
 def descendants(pid: int) -> List[int]:
     """PIDs of PID's children, their children, and so on (from /proc)."""
     found, todo = [], [pid]
