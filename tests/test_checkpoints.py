@@ -302,3 +302,18 @@ def test_a_tracker_the_job_cannot_write_stops_it(ckpt, tmp_path):
     (ckpt / ck.TRACKER).mkdir()  # in its place, what no one can replace with a file (root neither)
     code, said = _job(ckpt, "2", 0, tmp_path / "state")
     assert code == ck.STOP and f"cannot write {ckpt}/latest_checkpointed_iteration.txt: Is a directory" in said, said
+
+
+def test_the_api_takes_resume_from_as_the_cli_does(clean_env, tmp_path, ckpt):
+    from launcher import api
+
+    args = (ROOT / VERL, ["runtime.python=python3", f"paths.runs={tmp_path / 'runs'}",
+                          f"verl.overrides.trainer.default_local_dir={ckpt}"])
+    req = api.dryrun(*args, check=False, environ=clean_env, resume_from="global_step_2")
+    assert req.plan.resume_from == "2"
+    assert f"{ckpt} '{{\"strategy\":\"fsdp\",\"world_size\":2" in req.script and ' 2 "$RESTART"' in req.script
+    with pytest.raises(api.RecipeError, match="global_step_9 is not in"):
+        api.dryrun(*args, check=False, environ=clean_env, resume_from="9")
+    with pytest.raises(api.RecipeError, match="--resume-from and --fresh"):
+        api.dryrun(*args, check=False, environ=clean_env, resume_from="2", start="fresh")
+    assert not (tmp_path / "runs").exists()
