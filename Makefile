@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install node-env system-deps test test-quick demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine clean
+.PHONY: install node-env system-deps test test-quick demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine bench-wandb-end clean
 
 install: $(VENV)/.installed
 
@@ -90,7 +90,7 @@ demo-verl: system-deps install node-env
 
 lint: install
 	$(VENV)/bin/verl-launch render recipes/sandbox-demo.yaml runtime.python=python3 | shellcheck -
-	$(PY) -c 'from launcher.recipe import load; from launcher.render import render_array; \
+	$(PY) -c 'from launcher.core.recipe import load; from launcher.core.render import render_array; \
 	  print(render_array(load("recipes/sandbox-demo.yaml").plan, "demo-sweep", 4, 2), end="")' | shellcheck -
 	bash -n $(SANDBOX)/*.sh && shellcheck $(SANDBOX)/*.sh .ci/run
 
@@ -119,11 +119,14 @@ bench-dead-engine: install node-env
 	@test -f $(SMOKE)/reward.py || $(PY) -m launcher.smoke_assets --out $(SMOKE) >/dev/null
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && VERL_SMOKE_DIR=$(SMOKE) $(PY) bench/dead_engine_bench.py
 
+bench-wandb-end: install
+	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/wandb_end_bench.py --repeat 3
+
 bench-sweep: install
 	$(PY) bench/sweep_bench.py
 
 bench-traces: install
-	$(PY) bench/traces_bench.py --repeat 2
+	$(PY) bench/traces_bench.py --sizes 10000 100000
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info

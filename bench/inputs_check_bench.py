@@ -70,7 +70,7 @@ def step_times(tmp: Path, data: Path) -> list:
     """The check step alone, as the job runs it, 5 times inside one 2-node job."""
     import shlex
 
-    from launcher.recipe import load
+    from launcher.core.recipe import load
 
     plan = load(ROOT / "recipes" / "sandbox-demo.yaml", [f"runtime.python={PY}", f"paths.runs={tmp}/runs",
              f"verl.overrides.data.train_files={data / 'train.parquet'}",

@@ -1,9 +1,9 @@
 """verl-launch: render, check and submit VERL runs to Slurm.
 
-The flow, one module each: recipe (load + validate) -> overrides (verl's command line)
--> plan (everything the job needs, worked out once) -> render (pure: plan in, script text
-out) -> request (the dry-run) -> backends (Slurm or local; slurm.py is the only module that
-runs Slurm commands) -> state (the run state) -> api (the one door) -> cli (prints it).
+The flow, one folder each (docs/internals.md): core/ (recipe -> plan -> render, pure ->
+request; prepare, the one pipeline) with checks/ (what is checked before anything is queued)
+-> backends/ (Slurm or here; the only room that runs Slurm's commands) -> jobs/ (what has
+been submitted: state, logs, traces, merge) -> api (the one door) -> cli/ (prints it).
 """
 
 __version__ = "0.1.0"

@@ -24,7 +24,8 @@ from .errors import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NEVER_STARTS, RecipeError,
 # What has been submitted (api_runs.py), loaded on first use: render and check never pay for it.
 _LATER = {"Run": "api_runs", "SweepRun": "api_runs", "image_import": "api_runs", "merge": "api_runs",
           "merge_dryrun": "api_runs", "run": "api_runs", "runs": "api_runs", "served": "api_runs",
-          "wait_merge": "api_runs", "steps_done": "api_runs", "never_starts_text": "state", "TERMINAL": "slurm"}
+          "wait_merge": "api_runs", "never_starts_text": "jobs.state", "TERMINAL": "backends.slurm_commands",
+          "tool_executions": "jobs.traces"}
 
 
 def __getattr__(name):
@@ -42,27 +43,16 @@ def load(recipe, overrides: List[str] = (), local: bool = False, environ: Option
          notes: Optional[TextIO] = None):
     """The recipe composed and checked by the launcher (recipe.load); LOCAL: as `--local` runs
     it (one node, this machine's GPUs), saying on NOTES what that changed."""
-    from .recipe import load as load_recipe
+    from . import backends
 
-    overrides = list(overrides)
-    if not local:
-        return load_recipe(recipe, overrides)
-    from .backends.local import local_overrides
-
-    asked = load_recipe(recipe, overrides).recipe.cluster
-    loaded = load_recipe(recipe, overrides + local_overrides(os.environ if environ is None else environ))
-    for name in ("nodes", "gpus_per_node"):  # say what --local changes, rather than change it silently
-        if getattr(asked, name) != getattr(loaded.recipe.cluster, name) and notes is not None:
-            print(f"--local: cluster.{name}={getattr(loaded.recipe.cluster, name)} here (the recipe asks for "
-                  f"{getattr(asked, name)})", file=notes)
-    return loaded
+    return backends.choose(local).load(recipe, list(overrides), os.environ if environ is None else environ, notes)
 
 
 def script(recipe, overrides: List[str] = (), local: bool = False, environ: Optional[Mapping[str, str]] = None,
            notes: Optional[TextIO] = None) -> str:
     """`verl-launch render`: the sbatch script of the recipe's plan, from the recipe's values
     alone (no verl preflight: `dryrun` gives the script exactly as submit would send it)."""
-    from .render import render
+    from .core.render import render
 
     return render(load(recipe, overrides, local, environ, notes).plan)
 
@@ -93,33 +83,23 @@ class Report:
 
 def check(recipe, overrides: List[str] = (), local: bool = False, environ: Optional[Mapping[str, str]] = None,
           multirun: bool = False, max_points: int = 256, notes: Optional[TextIO] = None) -> Report:
-    """`verl-launch check`: everything submit checks, in the same order, and what would run.
-    Raises RecipeError for what refuses the recipe itself; what only submit would refuse (a
-    missing key) is the report's refusal, after what would run."""
-    from . import prior
-    from .secrets import SecretInRecipe, find_key, needs_key, require
-    from .summary import weigh
+    """`verl-launch check`: everything submit checks (prepare.py: the same pipeline), and what
+    would run. Raises RecipeError, every refusal at once, for what refuses the recipe itself;
+    what only the environment refuses (a missing key, an unset secret) is the report's refusal,
+    after what would run."""
+    from . import backends
+    from .core.prepare import prepare
+    from .checks.secrets import find_key, needs_key
 
     environ = os.environ if environ is None else environ
+    backend = backends.choose(local)
     if multirun:
-        return _check_sweep(recipe, overrides, local, environ, max_points)
-    loaded = load(recipe, overrides, local, environ, notes)
-    r = loaded.recipe
-    try:
-        require(r, environ)
-        refusal = None
-    except SecretInRecipe:  # at once: what would be shown holds the secret
-        raise
-    except RecipeError as e:  # shown last: what submit would say, after what it would run
-        refusal = e
-    try:
-        pre = _preflight(loaded, environ, True)
-    except RecipeError as e:
-        if refusal is None:
-            raise
-        return Report([("preflight", str(e))], refusal=refusal)
-    plan = _resolve(loaded, pre)
-    lines = verl_lines(plan, pre)
+        return _check_sweep(recipe, overrides, backend, environ, max_points)
+    p = prepare(recipe, overrides, backend, environ, notes=notes)
+    if p.problems:
+        raise p.refusal
+    r, plan, loaded = p.recipe, p.plan, p.loaded
+    lines = verl_lines(plan, p.preflight)
     c = r.cluster
     lines += [("recipe", r.source),
               ("job", f"{r.job.name}: {c.nodes} node(s) x {c.gpus_per_node} GPU(s), {c.cpus_per_task} CPUs per node"
@@ -137,30 +117,23 @@ def check(recipe, overrides: List[str] = (), local: bool = False, environ: Optio
         except RecipeError:  # a malformed key: the refusal says it
             lines.append(("W&B key", "refused (see below)"))
     lines += [("secret", f"{n}: {'set' if environ.get(n) else 'NOT SET in your environment'}") for n in r.secrets]
-    from .render import render
-
-    had = prior.find(plan)
-    prior.enforce(had, "auto", str(r.source), loaded.blame)
-    lines += weigh(plan, had, None if local else render(plan), ask_slurm=not local)
-    lines += [("WARNING", w) for w in had.warnings(plan.verl, r.verl.version)]
-    return Report(lines, verl_args=list(plan.verl_args), refusal=refusal, preflight=pre)
+    lines += backend.weigh(plan, p.had)
+    lines += [("WARNING", w) for w in p.warnings if w not in loaded.warnings]
+    return Report(lines, verl_args=list(plan.verl_args), refusal=p.refusal, preflight=p.preflight)
 
 
-def _sweep_points(recipe, overrides, local, environ, max_points):
-    from . import sweeps
+def _sweep_points(recipe, overrides, backend, environ, max_points):
+    """A sweep's points, each loaded as BACKEND runs it."""
+    from .core import sweeps
 
-    extra = []
-    if local:
-        from .backends.local import local_overrides
-
-        extra = local_overrides(environ)
-    return sweeps.load_points(recipe, list(overrides), extra, max_points=max_points)
+    return sweeps.load_points(recipe, list(overrides), max_points=max_points,
+                              loader=lambda path, ovs: backend.load(path, ovs, environ))
 
 
-def _check_sweep(recipe, overrides, local, environ, max_points) -> Report:
-    from . import sweeps
+def _check_sweep(recipe, overrides, backend, environ, max_points) -> Report:
+    from .core import sweeps
 
-    sw = _sweep_points(recipe, overrides, local, environ, max_points)
+    sw = _sweep_points(recipe, overrides, backend, environ, max_points)
     sweeps.check(sw, environ)
     r = sw.points[0].loaded.recipe
     c = r.cluster
@@ -181,22 +154,10 @@ def _sweep_verl_line(sw) -> str:
                                                  if first.status == "ok" else "")
 
 
-def _preflight(loaded, environ, verl: bool):
-    """verl's own checks: a Preflight, or None where VERL is false (skipped, as --no-check)."""
-    from . import preflight as pf
-
-    return pf.run(loaded.recipe, environ) if verl else None
-
-
-def _resolve(loaded, pre):
-    """The plan, resolved once, with what verl's preflight resolved (refuses too few CPUs)."""
-    return loaded.resolve(pre.config if pre is not None else None)
-
-
 def verl_lines(plan, pre) -> List[Line]:
     """The preflight's report: verl's verdict, the CPU need, the version rules, the trace volume."""
-    from .plan import trace_volume
-    from .verl_versions import rules_for
+    from .core.plan import trace_volume
+    from .base.verl_versions import rules_for
 
     r = plan.recipe
     lines: List[Line] = [("preflight", f"{pre.status}: {pre.message}")] if pre is not None else []
@@ -226,53 +187,47 @@ def dryrun(recipe, overrides: List[str] = (), local: bool = False, check: bool =
            environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None, start: str = "auto",
            multirun: bool = False, max_parallel: Optional[int] = None, max_points: int = 256,
            resume_from: Optional[str] = None):
-    """What `submit` would do, doing none of it: load and check the recipe, the W&B key and
-    secrets, verl's own checks (CHECK; reported on OUT), the plan resolved once after them, and
-    START (prior.STARTS: "fresh" refuses an experiment that has checkpoints or an earlier W&B
-    run, "resume" one with nothing to resume from). RESUME_FROM (`--resume-from`): resume from
-    that checkpoint (cluster.resume_from: a step, global_step_N, its path, or latest-complete),
-    refused (exit 2) unless verl could load it. Returns the Request (request.py): its str
-    is the exact command, its script the exact text, its paths every file. MULTIRUN: a sweep."""
-    from . import prior
-    from . import request as rq
-    from .secrets import require
+    """What `submit` would do, doing none of it: what `check` checks (prepare.py: the recipe,
+    the W&B key and secrets, verl's own checks (CHECK; reported on OUT), the plan resolved
+    once after them, and START (prior.STARTS: "fresh" refuses an experiment that has
+    checkpoints or an earlier W&B run, "resume" one with nothing to resume from)), every
+    refusal raised at once, then the backend's Request. RESUME_FROM (`--resume-from`): resume
+    from that checkpoint (cluster.resume_from: a step, global_step_N, its path, or
+    latest-complete), refused (exit 2) unless verl could load it. The Request (request.py): its
+    str is the exact command, its script the exact text, its paths every file. MULTIRUN: a sweep."""
+    from . import backends
+    from .checks import prior
+    from .core.prepare import prepare
 
     if start not in prior.STARTS:
         raise ValueError(f"start must be one of {prior.STARTS}, not {start!r}")
     environ = os.environ if environ is None else environ
+    backend = backends.choose(local)
     if resume_from is not None:
         overrides, start = _resume_override(resume_from, start, multirun, overrides)
     if multirun:
         if start != "auto":
             raise RecipeError(f"--{start} is for one run, not a sweep (-m): each point is an experiment of its own",
                               where="command line")
-        from . import sweeps
+        from .core import sweeps
 
-        sw = _sweep_points(recipe, overrides, local, environ, max_points)
+        sw = _sweep_points(recipe, overrides, backend, environ, max_points)
         sweeps.check(sw, environ, verl=check)
         if out is not None:
             print(f"preflight   {_sweep_verl_line(sw)}", file=out)
-        return sweeps.request(sw, max_parallel, local)
+        return backend.dryrun_sweep(sw, max_parallel)
     if max_parallel:
         raise RecipeError("--max-parallel is for a sweep (-m)", where="command line")
-    loaded = load(recipe, overrides, local, environ, notes=out)
-    require(loaded.recipe, environ)
-    pre = _preflight(loaded, environ, check)
-    plan = _resolve(loaded, pre)
+    p = prepare(recipe, overrides, backend, environ, verl=check, start=start, notes=out).ready()
     if out is not None:
-        for label, text in verl_lines(plan, pre):
+        for label, text in verl_lines(p.plan, p.preflight):
             print(f"{label:<11} {text}", file=out)
-    had = prior.find(plan)
-    prior.enforce(had, start, str(loaded.recipe.source), loaded.blame)
-    said = had.warnings(plan.verl, loaded.recipe.verl.version)
-    if out is not None:
-        if had.something() or plan.resume_from:
-            print(f"start       {had.describe()}", file=out)
-        for w in said:
-            print(f"WARNING     {w}", file=out)
-    req = rq.for_run(plan, local)
-    req.warnings = list(loaded.warnings) + said
-    return req
+        if p.had.something() or p.plan.resume_from:
+            print(f"start       {p.had.describe()}", file=out)
+        for w in p.warnings:
+            if w not in p.loaded.warnings:  # those were said as the recipe loaded
+                print(f"WARNING     {w}", file=out)
+    return backend.dryrun(p)
 
 
 def _resume_override(value: str, start: str, multirun: bool, overrides) -> tuple:
@@ -299,12 +254,12 @@ def submit(recipe, overrides: List[str] = (), local: bool = False, check: bool =
     once); local mode runs it here, to its end, its output on OUT. Returns the Run (a sweep's
     Request: the SweepRun)."""
     from . import backends
-    from .request import Request
+    from .core.request import Request
 
     environ = os.environ if environ is None else environ
     req = recipe if isinstance(recipe, Request) else dryrun(recipe, overrides, local, check, environ, out, start,
                                                             resume_from=resume_from)
-    rec = backends.choose(req.local).schedule(req, environ, out)
+    rec = backends.of(req.meta).schedule(req, environ, out)
     from .api_runs import Run, SweepRun
 
     return (SweepRun if req.is_sweep else Run)(job_id=rec["job_id"], run_dir=rec["run_dir"])

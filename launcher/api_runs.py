@@ -1,6 +1,6 @@
-"""The Python API's half for what has been submitted: a Run (status, logs, wait, cancel, merge),
+"""The Python API's half for what has been submitted: a Run (status, logs, wait, cancel, merge, sync),
 a sweep's SweepRun, `runs()` (the list), `run(ref)` (the one lookup), merges and images. The run
-state lives below, in state.py; where a run went (Slurm or here), in backends/."""
+state lives below, in jobs/state.py; where a run went (Slurm or here), in backends/."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Union
 
-from . import state
+from .jobs import state, wandb_sync
 from .errors import RecipeError, SlurmError
-from .paths import RunPaths
+from .core.paths import RunPaths
+from .backends.slurm_commands import TERMINAL
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Run:
         row["links_note"] = state.links_note(run)
         row["stdout"] = str(self.paths.stdout(run["job_id"]))
         row["merges"] = state.merges(run)
+        row["wandb_offline"] = wandb_sync.unsynced_note(run) if row["state"] in TERMINAL else None
         return row
 
     def traces(self, step=None, sample_index: Optional[int] = None, rollout_n: Optional[int] = None,
@@ -64,7 +66,7 @@ class Run:
         sample_index, rollout_n, validate, experiment, turns, tool_calls, reward; with NESTED, its
         inputs, output and calls (each nested call's op, inputs, output). Streams: nothing is
         held but one page. Raises RecipeError (not traced, no key, a bad step) or RemoteError."""
-        from . import traces
+        from .jobs import traces
 
         steps = [] if step is None else step if isinstance(step, list) else [step]
         f = traces.Filters([s if isinstance(s, tuple) else traces.parse_step(s) for s in steps], sample_index,
@@ -73,25 +75,36 @@ class Run:
                                    nested, call_ids)
 
     def trace_tally(self, environ=None):
-        """Training trajectories per step against `check`'s estimate (traces.Tally: counts,
-        estimate, short = the completed steps that have fewer; text())."""
-        from . import traces
+        """Training trajectories per step against `check`'s estimate (trace_tally.Tally: total,
+        spans, counts, estimate, short = the completed steps that have fewer, falls_short;
+        text()), from a few stats requests over step ranges, never a stream of the run's calls."""
+        return self._tally(environ, self.status(traces=False)["steps_done"])
 
-        src = traces.source(self.record, os.environ if environ is None else environ)
-        return traces.tally(src, steps_done(self.status(traces=False).get("step")))
+    def tally_of(self, counts: Dict[int, int]):
+        """A listing's own per-step counts (training trajectories) against `check`'s estimate and
+        the steps the run completed (trace_tally.Tally)."""
+        from .jobs.trace_tally import Tally
+
+        return Tally.of(counts, self.record.get("traces_per_step"), self.status(traces=False)["steps_done"])
+
+    def _tally(self, environ, done: Optional[int]):
+        from .jobs import traces
+
+        return traces.tally(traces.source(self.record, os.environ if environ is None else environ), done)
 
     def _traces_seen(self, row: dict) -> Optional[dict]:
-        from . import traces
+        from .jobs import traces
 
         if state.tracking(self.record)[1] != "weave" or row["state"] in ("PENDING", "UNKNOWN"):
             return None
         if traces.wandb_of(self.record).get("reach_timeout") == 0:
             return None  # the recipe says nothing contacts W&B (the sandbox demo): `traces` still reads them
         try:
-            t = self.trace_tally()
+            t = self._tally(None, row["steps_done"])  # the row's step: no second status
         except (RecipeError, SlurmError) as e:
             return {"text": f"not counted: {e}", "error": str(e)}
-        out = {"received": t.total, "per_step": t.counts, "estimate": t.estimate, "short": t.short, "text": t.text()}
+        out = {"received": t.total, "per_step": t.counts, "estimate": t.estimate, "short": t.short,
+               "short_ranges": t.unresolved, "text": t.text()}
         if not t.total:
             out["text"] += ": " + traces.why_none(self.record)
         size, secs = self.record.get("trace_bytes_per_step"), RunPaths(Path(self.run_dir)).seconds_per_step()
@@ -105,7 +118,7 @@ class Run:
         """Until the run ends (or TIMEOUT seconds): its final state. ON_CHANGE(text) whenever its
         state or phase changes ('RUNNING: training - ...'). A job that pends for a reason that
         cannot clear by itself raises SlurmError (left queued)."""
-        from .slurm import never_starts
+        from .backends.slurm_commands import never_starts
 
         info = self._backend().wait(self.record, on_change, poll=poll, timeout=timeout, stop_if_never_starts=True)
         why = never_starts(info)
@@ -119,16 +132,11 @@ class Run:
         backend.cancel(run)
         return _cancelled(self.paths, backend.wait(run, poll=1.0, timeout=timeout)["state"])
 
-    def log_path(self, driver: bool = False, node: Optional[str] = None) -> Path:
-        from .logs import log_file
-
-        return log_file(self.record, driver, node)
-
     def logs(self, follow: bool = False, driver: bool = False, node: Optional[str] = None,
              note: Callable[[str], None] = lambda text: None) -> Union[str, Iterator[str]]:
         """The batch output (DRIVER: the driver's log; NODE: that node's Ray log) as it is now;
         FOLLOW: an iterator of its text as it grows, until the job ends."""
-        from . import logs
+        from .jobs import logs
 
         run = self.record
         if run.get("kind") == "sweep":
@@ -149,6 +157,22 @@ class Run:
         """`verl-launch merge` of this run's checkpoint (see merge())."""
         return merge(self.run_dir, step, target, local, serve_check)
 
+    def sync(self, wait: bool = False, python: Optional[str] = None, environ=None,
+             on_change: Optional[Callable[[str], None]] = None) -> dict:
+        """`verl-launch sync`: send the run's W&B metrics that stayed offline (wandb_sync.sync):
+        {"run_id", "synced": [dirs sent now], "already": [dirs sent before]}. A run still going
+        is refused (RecipeError), or with WAIT followed to its end first."""
+        if self.record.get("kind") == "sweep":
+            raise RecipeError(f"{self.job_id} is a sweep: sync one of its points (verl-launch status "
+                              f"{self.job_id} lists them)", where="command line")
+        now = self.state()
+        if now not in TERMINAL:
+            if not wait:
+                raise RecipeError(f"job {self.job_id} is {now}: its W&B run is still being written. Sync it once "
+                                  "it has ended, or --wait for that", where="command line")
+            self.wait(on_change=on_change)
+        return wandb_sync.sync(self.record, os.environ if environ is None else environ, python)
+
 
 @dataclass
 class SweepRun(Run):
@@ -164,30 +188,22 @@ class SweepRun(Run):
              on_change: Optional[Callable[[dict], None]] = None) -> Dict[str, str]:
         """Until every point has ended: {point job id: state}. ON_CHANGE({state: count}).
         SlurmError if every point still waiting can never start (left queued)."""
-        from .slurm import TERMINAL, never_starts
+        from .backends.slurm_commands import TERMINAL, never_starts
 
         pts = state.points(self.record)
         final = self._backend().wait_many(pts, on_change, poll=poll, timeout=timeout, stop_if_never_starts=True)
-        waiting = [i for i in state.states(pts).values() if i.get("state") not in TERMINAL]
+        waiting = [i for i in final.values() if i.get("state") not in TERMINAL]  # what the wait knew
         if waiting and all(never_starts(i) for i in waiting):
             raise _never_starts("; ".join(sorted({never_starts(i) for i in waiting})), self.job_id,
                                 f"sweep {self.job_id}")
-        return {p["job_id"]: final[p["run_dir"]] for p in pts}
+        return {p["job_id"]: final[p["run_dir"]]["state"] for p in pts}
 
     def cancel(self, timeout: float = 120) -> Dict[str, str]:
         """scancel the array (every point, running or pending); each point's end, recorded."""
         backend, pts = self._backend(), state.points(self.record)
         backend.cancel(self.record)
         final = backend.wait_many(pts, poll=1.0, timeout=timeout)
-        return {p["job_id"]: _cancelled(RunPaths(Path(p["run_dir"])), final[p["run_dir"]]) for p in pts}
-
-
-def steps_done(step) -> Optional[int]:
-    """'3/3' -> 3: the training steps a run completed (state.last_step), if known."""
-    try:
-        return int(str(step).split("/")[0]) if step else None
-    except ValueError:
-        return None
+        return {p["job_id"]: _cancelled(RunPaths(Path(p["run_dir"])), final[p["run_dir"]]["state"]) for p in pts}
 
 
 def _never_starts(why: str, job_id: str, who: str) -> SlurmError:
@@ -197,12 +213,7 @@ def _never_starts(why: str, job_id: str, who: str) -> SlurmError:
 
 
 def _cancelled(paths: RunPaths, final: str) -> str:
-    try:
-        rec = json.loads(paths.record.read_text())
-        rec.update(cancelled=time.time(), final_state=final)
-        paths.write_record(rec)
-    except (OSError, ValueError):
-        pass
+    paths.update_record(lambda rec: rec.update(cancelled=time.time(), final_state=final))
     return final
 
 
@@ -231,7 +242,7 @@ def image_import(image: str, output: str = ".", dry_run: bool = False) -> dict:
     {"command", "path", "existed"}; DRY_RUN: the command only."""
     import shlex
 
-    from .images import import_command, import_image
+    from .jobs.images import import_command, import_image
 
     out = Path(output).expanduser().absolute()
     cmd = import_command(image, out)
@@ -246,7 +257,8 @@ def merge_dryrun(ref: str, step: str = "latest", target: Optional[str] = None, l
     """What `merge` would submit, submitting nothing (`merge --dry-run`): the checkpoint, the
     target, the job's memory and GPUs, the interpreter. Refuses (RecipeError) what cannot work:
     a bad checkpoint or target, SERVE_CHECK with an interpreter that has no vLLM."""
-    from . import merge_job as m
+    from . import backends
+    from .jobs import merge_job as m
 
     ckpt, run = m.find(ref, str(step))
     r = m.load_run_recipe(run)
@@ -266,7 +278,7 @@ def merge_dryrun(ref: str, step: str = "latest", target: Optional[str] = None, l
             looked = f"vllm found by {spec.python}"
     folder = (Path(run["run_dir"]) / "merge" if run else ckpt.root / ".verl-launch-merge") / f"step_{ckpt.step}"
     return {"ckpt": ckpt, "run": run, "recipe": r, "spec": spec, "folder": folder, "local": local,
-            "gpus": m.serve_gpus(r, local) if serve_check else 0, "mem_gb": m.mem_gb(ckpt), "vllm": looked}
+            "gpus": backends.choose(local).serve_gpus(r) if serve_check else 0, "mem_gb": m.mem_gb(ckpt), "vllm": looked}
 
 
 def merge(ref: str, step: str = "latest", target: Optional[str] = None, local: bool = False,
@@ -276,12 +288,14 @@ def merge(ref: str, step: str = "latest", target: Optional[str] = None, local: b
     with submitit (LOCAL: here, through submitit's local executor); SERVE_CHECK: then loaded in
     vLLM, which must generate from the model's chat template. Returns the submitit job; its
     result() is the target directory (wait_merge waits without accounting)."""
-    from . import merge_job as m
+    from . import backends
+    from .jobs import merge_job as m
 
     p = merge_dryrun(ref, step, target, local, serve_check)
     ckpt, run, spec = p["ckpt"], p["run"], p["spec"]
     p["folder"].mkdir(parents=True, exist_ok=True, mode=0o700)
-    job = m.executor(p["folder"], p["recipe"], ckpt, local, gpus=p["gpus"]).submit(m.run, spec)
+    ex = backends.choose(local).merge_executor(p["folder"], p["recipe"], m.job_params(p["recipe"], ckpt, p["gpus"]))
+    job = ex.submit(m.run, spec)
     job.verl_launch = {"job_id": str(job.job_id), "target": spec.target, "step": ckpt.step, "local": local,
                        "checkpoint": str(ckpt.actor), "mem_gb": p["mem_gb"], "folder": str(p["folder"]),
                        "gpus": p["gpus"], "serve_check": serve_check}
@@ -293,14 +307,10 @@ def wait_merge(job, poll: float = 2.0, on_change=None) -> str:
     """Wait for a merge job and return its target. Slurm's state comes from the launcher's own
     watcher (submitit's needs accounting: without slurmdbd it stays UNKNOWN); the result
     then from submitit. Raises SlurmError if the job ended without one."""
-    info = job.verl_launch
-    if not info["local"]:
-        from .backends.slurm import SlurmBackend
+    from . import backends
 
-        final = SlurmBackend().wait({"job_id": info["job_id"], "run_dir": info["folder"]}, on_change, poll=poll)
-        if not job.paths.result_pickle.exists():
-            raise SlurmError(f"merge job {info['job_id']} ended {final['state']} without a result; "
-                             f"its output: {job.paths.stdout}")
+    info = job.verl_launch
+    backends.of(info).wait_merge(job, on_change, poll)
     try:
         return job.result()
     except Exception as e:  # submitit's FailedJobError: the traceback of the merge
@@ -310,7 +320,7 @@ def wait_merge(job, poll: float = 2.0, on_change=None) -> str:
 
 def served(target: str) -> Optional[dict]:
     """What --serve-check found (vLLM's answer), from the merged model's marker; None if none."""
-    from .merge_job import MARKER
+    from .jobs.merge_job import MARKER
 
     try:
         return json.loads(Path(target, MARKER).read_text()).get("serve_check")

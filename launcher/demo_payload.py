@@ -123,6 +123,31 @@ def trace_on_every_node(ray, nodes: list, config: dict, step: int = 1) -> list:
     return ray.get([w.run.remote(i) for i, w in enumerate(workers)])
 
 
+def log_to_wandb(ray, node: dict, overrides: dict) -> dict:
+    """``demo.wandb_steps=N``: N steps logged to W&B as verl's legacy trainer logs them (verl's own
+    Tracking, in a Ray actor on NODE, never finished: the trainer leaves that to Tracking.__del__).
+    The actor lives on until Ray ends it with the driver. Returns {step: value} as logged."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    @ray.remote(num_cpus=0)
+    class Trainer:
+        def fit(self, steps: int, experiment: str) -> dict:
+            from verl.utils.tracking import Tracking
+
+            self.tracking = Tracking(os.environ.get("WANDB_PROJECT", "demo"), experiment, ["wandb"],
+                                     config={"trainer": {"experiment_name": experiment}})
+            logged = {}
+            for step in range(1, steps + 1):
+                logged[step] = round(1.0 / step, 6)
+                self.tracking.log(data={"demo/loss": logged[step]}, step=step)
+            return logged
+
+    trainer = Trainer.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)).remote()
+    experiment = os.environ.get("WANDB_NAME", "demo")
+    return {"node": node["NodeManagerAddress"],
+            "steps": ray.get(trainer.fit.remote(int(overrides["demo.wandb_steps"]), experiment))}
+
+
 def main(argv: list) -> int:
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -146,6 +171,11 @@ def main(argv: list) -> int:
     on_gpus = sorted(ray.get([on_gpu.remote() for _ in range(gpus)]), key=lambda t: t[:2])
     gpu_tasks = [t[:2] for t in on_gpus]
     traced = trace_on_every_node(ray, nodes, as_config(overrides)) if overrides.get("demo.trace") else None
+    if overrides.get("demo.wandb_steps"):  # on a worker node, if there is one
+        here = ray.util.get_node_ip_address()
+        logged = log_to_wandb(ray, ([n for n in nodes if n["NodeManagerAddress"] != here] or nodes)[0], overrides)
+    else:
+        logged = None
     if overrides.get("demo.lingers"):
         @ray.remote(num_cpus=0)
         def linger():
@@ -160,6 +190,7 @@ def main(argv: list) -> int:
         print(f"left lingering processes {lingering} (demo.lingers)", flush=True)
     report = {
         "traced": traced,
+        "wandb_logged": logged,
         "ray_address": address,
         "argv": argv,
         "overrides": overrides,

@@ -1,6 +1,11 @@
-"""The one error type users see for bad input: it names the file and the field."""
+"""The one error type users see for bad input: it names the file and the field. Checks that
+find several problems say them all at once (`Problems`), so that a user with hours in a queue
+fixes them in one go rather than one resubmission each."""
 
 from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, List
 
 EXIT_BAD_INPUT = 2  # bad recipe / override / flag: nothing written, nothing queued
 EXIT_FAILED = 1  # a Slurm command or the job itself failed
@@ -20,6 +25,58 @@ class RecipeError(Exception):
         field = f"{self.key}: " if self.key else ""
         return f"{self.where}: {field}{self.message}"
 
+    @property
+    def each(self) -> List["RecipeError"]:
+        """The problems this error says: itself, or a RecipeErrors' every one."""
+        return [self]
+
+
+class RecipeErrors(RecipeError):
+    """Several problems at once; the first names the error's own where and key."""
+
+    def __init__(self, errors: List[RecipeError]):
+        self.errors = errors
+        super().__init__(errors[0].message, where=errors[0].where, key=errors[0].key)
+
+    def __str__(self) -> str:
+        return f"{len(self.errors)} problems, each to fix before it can run:\n" + \
+            "\n".join(f"  {e}" for e in self.errors)
+
+    @property
+    def each(self) -> List[RecipeError]:
+        return list(self.errors)
+
+
+class Problems:
+    """What a check finds, gathered: `bad` and `gather` collect, `done` raises them all as one
+    error (the one problem itself when there is one)."""
+
+    def __init__(self, blame=lambda key: "recipe"):
+        self.found: List[RecipeError] = []
+        self.blame = blame
+
+    def bad(self, key: str, message: str) -> None:
+        self.found.append(RecipeError(message, where=self.blame(key), key=key))
+
+    @contextmanager
+    def gather(self) -> Iterator[None]:
+        """A check that raises: its problem(s) join the rest (a secret's never: said at once)."""
+        try:
+            yield
+        except RecipeError as e:
+            if getattr(e, "at_once", False):
+                raise
+            self.found.extend(e.each)
+
+    def error(self):
+        """Every problem as one RecipeError (None: none)."""
+        return one_error(self.found)
+
+    def done(self) -> None:
+        e = self.error()
+        if e is not None:
+            raise e
+
 
 class SlurmError(Exception):
     """A Slurm command failed, or the run asked for is unknown (exit code 1)."""
@@ -27,3 +84,13 @@ class SlurmError(Exception):
 
 class RemoteError(SlurmError):
     """A service the run uses (W&B, Weave) could not be reached or answered wrongly (exit code 1)."""
+
+
+def one_error(errors: List[RecipeError]):
+    """ERRORS (each said once, in order) as one RecipeError; None for none."""
+    seen, unique = set(), []
+    for e in (x for err in errors for x in err.each):
+        if str(e) not in seen:
+            seen.add(str(e))
+            unique.append(e)
+    return None if not unique else unique[0] if len(unique) == 1 else RecipeErrors(unique)

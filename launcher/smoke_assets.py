@@ -20,7 +20,8 @@ import random
 import shutil
 from pathlib import Path
 
-DATA_SOURCE = "openai/gsm8k"  # verl's default reward: the GSM8K rule, "#### 42" at the end
+from launcher import tool_assets  # the model that calls a tool (recipes/sandbox-tool-agent.yaml)
+from launcher.smoke_reward import DATA_SOURCE  # "#### 42" at the end, as the GSM8K rule reads it
 INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
 # Qwen2's chat format, the subset verl uses (system/user/assistant, a generation prompt).
 CHAT_TEMPLATE = (
@@ -89,16 +90,20 @@ def build(out: Path, seed: int = 0, train: int = 256, test: int = 32) -> dict:
     items = problems(train + test, rng)
     (out / "data").mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows(items[:train], "train")), out / "data" / "train.parquet")
+    # recipes/sandbox-verl.yaml's: the same rows, every other one picking the example agent loop
+    # (launcher/examples/agent_loop.py, recipes/agents/checked.yaml) by its agent_name
+    picked = [dict(r, agent_name="checked_agent" if i % 2 else "single_turn_agent")
+              for i, r in enumerate(rows(items[:train], "train"))]
+    pq.write_table(pa.Table.from_pylist(picked), out / "data" / "train-agents.parquet")
     pq.write_table(pa.Table.from_pylist(rows(items[train:], "test")), out / "data" / "test.parquet")
     texts = [f"{q} {INSTRUCTION} #### {a}" for q, a in items] + [INSTRUCTION] * 8
     tokenizer = build_tokenizer(texts, out / "model")
     build_model(tokenizer, out / "model", seed)
     shutil.copyfile(Path(__file__).with_name("smoke_reward.py"), out / "reward.py")
     info = {"model": str(out / "model"), "train": str(out / "data" / "train.parquet"),
+            "train_agents": str(out / "data" / "train-agents.parquet"),
             "test": str(out / "data" / "test.parquet"), "reward": str(out / "reward.py"),
             "vocab": len(tokenizer), "seed": seed}
-    from launcher import tool_assets  # the model that calls a tool (recipes/sandbox-tool-agent.yaml)
-
     info.update(tool_assets.build(out, seed))
     (out / "smoke-assets.json").write_text(json.dumps(info, indent=2) + "\n")
     return info

@@ -7,6 +7,8 @@ it from its file."""
 
 import re
 
+DATA_SOURCE = "openai/gsm8k"  # what the smoke rows name: verl's default reward scores it with the GSM8K rule
+
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     answers = re.findall(r"#### *(-?[0-9][0-9,]*)", solution_str or "")

@@ -17,7 +17,7 @@ import random
 import re
 from pathlib import Path
 
-from launcher.smoke_assets import DATA_SOURCE
+from launcher.smoke_reward import DATA_SOURCE
 
 TOOL = "calculator"
 QUESTION = "{q} Use the calculator."

@@ -40,7 +40,8 @@ def run_cli_here(*args, env=None, cwd=None, timeout=120) -> subprocess.Completed
     import io
     import signal
 
-    from launcher import cli as launcher_cli, recipe as launcher_recipe
+    from launcher import cli as launcher_cli
+    from launcher.core import recipe as launcher_recipe
 
     argv = list(map(str, args))
     saved_env, saved_cwd = dict(os.environ), os.getcwd()

@@ -92,6 +92,23 @@ def test_check_reports_what_the_cli_prints(cli, api_env):
         launcher.check(str(DEMO), ov + ["cluster.nodes=0"], environ=environ)
 
 
+def test_every_refusal_of_the_pipeline_is_said_at_once(cli, api_env, tmp_path):
+    """prepare's steps do not hide each other: no key (the environment) and --resume with
+    nothing to resume from (the experiment) are both said, by the API and by the CLI, and
+    nothing is written."""
+    environ, ov = api_env
+    bare = {k: v for k, v in environ.items() if k != "WANDB_API_KEY"}
+    ov = ov + [f"verl.overrides.trainer.default_local_dir={tmp_path / 'ckpt'}"]
+    with pytest.raises(launcher.RecipeError) as raised:
+        launcher.dryrun(str(DEMO), ov, environ=bare, start="resume")
+    assert [e.key for e in raised.value.each] == ["wandb", "verl.overrides.trainer.default_local_dir"], raised.value
+    assert "no W&B API key" in str(raised.value) and "no checkpoint to resume from" in str(raised.value)
+    shown = cli("submit", DEMO, *ov, "--resume", env=bare)
+    assert shown.returncode == 2 and shown.stderr.startswith("error: 2 problems"), shown.stderr
+    assert f"error: {raised.value}" == shown.stderr.strip(), shown.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_submit_wait_status_logs_and_the_run_by_cluster_and_id(cli, on_sandbox):
     environ, ov = on_sandbox
     req = launcher.dryrun(str(DEMO), ov + ["cluster.nodes=1"], environ=environ)

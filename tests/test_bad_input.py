@@ -248,6 +248,33 @@ def test_bad_input(case, cli, tmp_path, clean_env):
     assert not (Path(clean_env["HOME"]) / "verl-launch").exists()
 
 
+def _several(d: dict) -> None:
+    """Problems of two kinds in one recipe: a bad value (the launcher's values), and a container
+    that would not see the run's files or the checkpoints (what the job needs of them)."""
+    d.setdefault("cluster", {})["nodes"] = 0
+    d["container"] = {"image": "nvcr.io/nvidia/pytorch:25.01-py3", "mounts": ["/data:/data"]}
+    d.setdefault("verl", {}).setdefault("overrides", {})["trainer.default_local_dir"] = "/elsewhere/ckpt"
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_problem_is_said_at_once(command, cli, tmp_path, clean_env):
+    """The first problem hides none behind it: one resubmission fixes them all."""
+    case = Case("several", key="4 problems", edit=_several, overrides=["wandb.entity=a b"])
+    _run_rejected(cli, case, command, tmp_path, clean_env)
+    env, _ = _tripwire(tmp_path / "again", clean_env)
+    err = cli(command[0], tmp_path / "recipes" / case.name, *case.overrides, *command[1:], env=env).stderr
+    recipe = tmp_path / "recipes" / case.name
+    said = err.splitlines()
+    assert said[0] == "error: 4 problems, each to fix before it can run:", err
+    assert said[1:] == [f"  {recipe}: cluster.nodes: must be at least 1, got 0",
+                        "  command line: wandb.entity: 'a b' is not a valid W&B entity (letters, digits, '_' or '-')",
+                        f"  {recipe}: paths.runs: {tmp_path / 'runs'} is not inside a container.mounts entry mounted "
+                        "at the same path (/data:/data): the container would not see it",
+                        f"  {recipe}: verl.overrides.trainer.default_local_dir: /elsewhere/ckpt is not inside a "
+                        "container.mounts entry mounted at the same path (/data:/data): the container would not see "
+                        "it"], err
+
+
 def _demo(tmp_path: Path, **wandb) -> tuple[Path, Path]:
     runs = tmp_path / "runs"
     d = copy.deepcopy(BASE)

@@ -1,5 +1,5 @@
-"""What `check` puts before a user queues (launcher/summary.py) and what an experiment already
-has (launcher/prior.py): the GPU-hours a time limit allows, the partition's size and when Slurm
+"""What `check` puts before a user queues (launcher/backends/summary.py) and what an experiment already
+has (launcher/checks/prior.py): the GPU-hours a time limit allows, the partition's size and when Slurm
 would start the job (the sandbox answers: `sbatch --test-only`), a missing image; checkpoints an
 experiment would resume from, `submit --fresh` and `--resume` refusing what they rule out."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, submit_json
-from launcher.summary import hours
+from launcher.backends.summary import hours
 
 DEMO = RECIPES / "sandbox-demo.yaml"
 

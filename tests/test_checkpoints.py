@@ -1,4 +1,4 @@
-"""launcher/checkpoints.py on checkpoints verl's own FSDP checkpoint manager writes (world size 2,
+"""launcher/base/checkpoints.py on checkpoints verl's own FSDP checkpoint manager writes (world size 2,
 tests/fsdp_checkpoints.py): which step verl's resume_mode=auto loads, whether it could, and what
 the job does before verl starts. The sandbox's resume run shows the same on the checkpoints its
 training wrote (test_verl_resume.py)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from launcher import checkpoints as ck
+from launcher.base import checkpoints as ck
 
 FSDP2 = {"strategy": "fsdp", "world_size": 2, "actor": ["model", "optimizer", "extra"], "critic": None}
 SCRIPT = Path(ck.__file__)
@@ -317,3 +317,22 @@ def test_the_api_takes_resume_from_as_the_cli_does(clean_env, tmp_path, ckpt):
     with pytest.raises(api.RecipeError, match="--resume-from and --fresh"):
         api.dryrun(*args, check=False, environ=clean_env, resume_from="2", start="fresh")
     assert not (tmp_path / "runs").exists()
+
+
+def test_submit_records_the_checkpoint_dir_and_merge_reads_it(tmp_path):
+    """merge finds a run's checkpoints where submit recorded them; a run recorded before that
+    is read from its resolved recipe, verl's default under the run directory where unset."""
+    from launcher.core import request as rq
+    from launcher.jobs.merge_job import checkpoint_root
+    from launcher.core.recipe import load
+
+    plan = load(str(ROOT / "recipes" / "sandbox-demo.yaml"), [f"paths.runs={tmp_path}/runs"]).plan
+    meta = rq.for_run(plan, run_dir=tmp_path / "run").meta
+    assert meta["checkpoint_dir"] == plan.checkpoint_dir == f"{tmp_path}/runs/checkpoints/{plan.recipe.experiment}"
+    assert checkpoint_root({**meta, "run_dir": str(tmp_path / "run")}) == Path(meta["checkpoint_dir"])
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "recipe.yaml").write_text("wandb: {project: p}\nverl: {overrides: {trainer.default_local_dir: rel}}\n")
+    assert checkpoint_root({"run_dir": str(old), "experiment": "e"}) == old / "rel"
+    (old / "recipe.yaml").write_text("wandb: {project: p}\n")
+    assert checkpoint_root({"run_dir": str(old), "experiment": "e"}) == old / "checkpoints" / "p" / "e"

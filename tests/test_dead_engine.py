@@ -46,3 +46,8 @@ def test_a_dead_vllm_engine_ends_the_job_naming_it_and_leaves_nothing(sandbox, n
     st = json.loads(cli("status", job.job_id, "--json", env=env).stdout)
     assert st["state"] == "FAILED" and st["stopped"].startswith("driver-error: vLLM EngineCore on node2 died")
     assert (st["progress"] or "").startswith("training step ")  # the last step known, after the end
+    # W&B: the run holds every step verl logged before the engine died, and is marked failed with
+    # the job's exit code (each node's W&B service finished it once Ray had stopped)
+    (run,) = [r for r in job.wandb_runs.values() if r["name"] == "dead-engine"]
+    assert [row["_step"] for row in run["history"]] == sorted(job.steps), (run["history"], job.steps)
+    assert run["ends"] == [1], run["ends"]

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import RECIPES
 
-from launcher.verl_schema import FRACTIONAL_OK, snapshot_for, whole_number_key
-from launcher.verl_schema import NULL_DEFAULT_COUNTS
+from launcher.checks.verl_schema import FRACTIONAL_OK, snapshot_for, whole_number_key
+from launcher.checks.verl_schema import NULL_DEFAULT_COUNTS
 
 DEMO = RECIPES / "sandbox-demo.yaml"
 GSM8K = RECIPES / "gsm8k-grpo.yaml"
@@ -231,7 +231,7 @@ def test_nothing_near_no_suggestion(cli, clean_env, tmp_path):
 
 # ----------------------------------------------------------------------------- 4. the version rule
 def test_the_version_rule_is_said_in_plain_words(cli, clean_env):
-    from launcher.verl_versions import RULES
+    from launcher.base.verl_versions import RULES
 
     proc = cli("check", GSM8K, NO_VERL, env=clean_env)
     assert proc.returncode == 0, proc.stderr

@@ -70,6 +70,7 @@ def test_follow_the_driver_at_once_and_progress_after_the_end(cli, sandbox, env,
     st = _status(cli, env, done["job_id"])
     assert st["state"] == "COMPLETED" and st["exit_code"] == "0:0" and st["reason"] is None
     assert st["step"] == "3/3" and st["outcome"] == "completed 3/3", st
+    assert (st["steps_done"], st["total_steps"]) == (3, 3), st  # typed: what the traces tally reads
     assert st["links"] == {} and st["link_templates"] == {} and st["links_note"] is None, st
     text = cli("status", done["job_id"], env=env).stdout
     assert "step       completed 3/3" in text and "W&B" not in text, text

@@ -3,7 +3,7 @@ existing file, and clear errors. enroot itself is not installable here (see READ
 
 from __future__ import annotations
 
-from launcher.images import enroot_uri, squashfs_name
+from launcher.jobs.images import enroot_uri, squashfs_name
 
 
 def test_enroot_uris_and_file_names():

@@ -100,7 +100,7 @@ def test_merge_on_slurm_with_submitit_and_the_python_api(checkpoints, sandbox, c
     """A run submitted from Python, its checkpoint merged on the sandbox's Slurm by submitit;
     the state comes right with or without accounting (submitit alone says UNKNOWN without it)."""
     import launcher
-    from launcher.state import merges as _merges
+    from launcher.jobs.state import merges as _merges
 
     for k, v in sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state"))).items():
         monkeypatch.setenv(k, v)

@@ -18,7 +18,7 @@ NEEDED = ["launcher/templates/sbatch.sh.j2", "launcher/templates/job/driver.sh.j
           "launcher/templates/sweep.sbatch.j2",
           "launcher/recipes/sandbox-demo.yaml", "launcher/recipes/gsm8k-grpo.yaml",
           "launcher/recipes/cluster/sandbox.yaml", "launcher/recipes/cluster/sunk.yaml",
-          "launcher/verl_schemas/verl-0.9.1.json"]
+          "launcher/checks/verl_schemas/verl-0.9.1.json"]
 
 
 def test_editable_install_uses_the_checkout(tmp_path):

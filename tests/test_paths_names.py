@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES
-from launcher import paths as paths_module
-from launcher.paths import RunPaths
-from launcher.recipe import load
-from launcher.render import render
+from launcher.core import paths as paths_module
+from launcher.core.paths import RunPaths
+from launcher.core.recipe import load
+from launcher.core.render import render
 
 P = RunPaths
 CONSTANTS = {k: v for k, v in vars(RunPaths).items() if k.isupper() and isinstance(v, str)}
@@ -42,9 +42,9 @@ def test_the_accessors_use_the_patterns():
     p = P(Path("/r"))
     assert p.driver_log(2) == p.logs / P.DRIVER_LOG.format(restart=2) == Path("/r/logs/driver.r2.log")
     assert p.ray_state(2) == p.logs / "ray-state.r2.json"
-    assert p.head_log(1) == p.logs / "ray-head.r1.log"
-    assert p.worker_log("n3", 1) == p.logs / "ray-worker-n3.r1.log"
-    assert p.worker_log("%N") == p.logs / "ray-worker-%N.r0.log"
+    assert p.file(p.HEAD_LOG, 1) == p.logs / "ray-head.r1.log"
+    assert p.file(p.WORKER_LOG, 1, node="n3") == p.logs / "ray-worker-n3.r1.log"
+    assert p.file(p.WORKER_LOG, node="%N") == p.logs / "ray-worker-%N.r0.log"
     assert p.stdout("%j") == Path("/r/slurm-%j.out") and p.stdout("77") == p.file(P.STDOUT, job="77")
     assert p.file(P.CHECK_TOKEN, 1, job="9") == Path("/r/.verl-launch-check-9.r1")
     assert p.file(P.VERDICT, 4) == Path("/r/logs/verdict.r4.txt")
@@ -104,10 +104,10 @@ def test_latest_is_the_newest_by_mtime(tmp_path):
     assert p.latest(P.DRIVER_LOG) == p.driver_log(0)
     _touch(p.driver_log(2), 4000)
     assert p.latest(P.DRIVER_LOG) == p.driver_log(2)
-    _touch(p.worker_log("n1", 0), 5000)
-    _touch(p.worker_log("n2", 1), 4000)
-    assert p.latest(P.WORKER_LOG) == p.worker_log("n1", 0)
-    assert p.latest(P.WORKER_LOG, node="n2") == p.worker_log("n2", 1)
+    _touch(p.file(p.WORKER_LOG, 0, node="n1"), 5000)
+    _touch(p.file(p.WORKER_LOG, 1, node="n2"), 4000)
+    assert p.latest(P.WORKER_LOG) == p.file(p.WORKER_LOG, 0, node="n1")
+    assert p.latest(P.WORKER_LOG, node="n2") == p.file(p.WORKER_LOG, 1, node="n2")
     assert p.latest(P.WORKER_LOG, node="n3") is None
     assert p.latest(P.HEAD_LOG) is None
     _touch(p.stdout("12"), 1000)  # in the run directory, not logs/
@@ -129,3 +129,31 @@ def test_every_per_restart_name_is_tagged_and_an_unsafe_name_is_refused(monkeypa
             paths_module._check_names()
     monkeypatch.undo()
     paths_module._check_names()
+
+
+def _add_merges(run_dir: str, who: str, n: int) -> None:
+    p = RunPaths(Path(run_dir))
+    for i in range(n):
+        p.update_record(lambda rec: rec.setdefault("merges", []).append(f"{who}{i}"))
+
+
+def test_the_record_is_changed_under_one_lock_and_nothing_a_writer_added_is_lost(tmp_path):
+    """run.json is read-modify-written by a merge job, a cancel and a local run's end: through
+    RunPaths.update_record only, under a lock, so two at once both land."""
+    import multiprocessing
+
+    p = RunPaths(tmp_path)
+    assert p.update_record(lambda rec: rec.update(x=1)) is None and not p.record.exists()  # no record: none made
+    p.write_record({"job_id": "7"})
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_add_merges, args=(str(tmp_path), who, 40)) for who in "ab"]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    rec = p.read_record()
+    assert rec["job_id"] == "7" and sorted(rec["merges"]) == sorted(f"{w}{i}" for w in "ab" for i in range(40))
+    assert oct(p.record.stat().st_mode & 0o777) == "0o600"
+    p.record.write_text("{not json")
+    assert p.read_record() is None and p.update_record(lambda rec: rec.update(x=1)) is None
+    assert p.record.read_text() == "{not json"  # an unreadable record is not replaced

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from conftest import RECIPES
-from launcher import preflight
+from launcher.checks import preflight
 from launcher.errors import RecipeError
-from launcher.overrides import verl_args
-from launcher.recipe import load
+from launcher.base.overrides import verl_args
+from launcher.core.recipe import load
 from test_bad_input import _tripwire
 
 GSM8K = RECIPES / "gsm8k-grpo.yaml"
@@ -182,6 +182,13 @@ def _tool_cases(tmp):
     (tmp / "no-module.yaml").write_text("tools:\n  - class_name: no_such_package.tools.Calc\n    config: {}\n")
     (tmp / "bad-agent.yaml").write_text("- name: mine\n  _target_: no_such_package.loops.MyLoop\n")
     (tmp / "broken_tools.py").write_text("import no_such_module_for_tools\n")
+    (tmp / "agents-map.yaml").write_text("mine:\n  _target_: launcher.examples.agent_loop.CheckedAgentLoop\n")
+    (tmp / "agents-entry.yaml").write_text("- name: mine\n  _target_: launcher.examples.agent_loop.CheckedAgentLoop\n"
+                                           "- launcher.examples.agent_loop.CheckedAgentLoop\n")
+    (tmp / "agents-noname.yaml").write_text("- _target_: launcher.examples.agent_loop.CheckedAgentLoop\n")
+    (tmp / "agents-twice.yaml").write_text("- name: mine\n  _target_: launcher.examples.agent_loop.CheckedAgentLoop\n"
+                                           "- name: mine\n  _target_: verl.experimental.agent_loop.single_turn_agent_loop."
+                                           "SingleTurnAgentLoop\n")
     return [  # (override, what the error must name)
         (f"{MT}.max_assistant_turns=0", "multi_turn.max_assistant_turns=0: verl reads 0 as no limit"),
         (f"{MT}.max_assistant_turns=1", "multi_turn.max_assistant_turns=1 with tools"),
@@ -192,6 +199,13 @@ def _tool_cases(tmp):
         (f"{MT}.tool_config_path={tmp}/no-module.yaml",
          "no_such_package.tools.Calc does not import (ModuleNotFoundError: No module named 'no_such_package')"),
         (f"{AGENTS}={tmp}/bad-agent.yaml", f"{tmp}/bad-agent.yaml: agent loop _target_ no_such_package.loops.MyLoop"),
+        (f"{AGENTS}={tmp}/agents-map.yaml", f"agent_loop_config_path: {tmp}/agents-map.yaml must be a list of "
+         "entries with a name and a _target_ (verl's agent-loop registry), not a mapping"),
+        (f"{AGENTS}={tmp}/agents-entry.yaml", f"{tmp}/agents-entry.yaml: entry 2 must be a mapping with a name and "
+         "a _target_, not 'launcher.examples.agent_loop.CheckedAgentLoop'"),
+        (f"{AGENTS}={tmp}/agents-noname.yaml", f"{tmp}/agents-noname.yaml: entry 1: name must be a non-empty string"),
+        (f"{AGENTS}={tmp}/agents-twice.yaml", f"{tmp}/agents-twice.yaml: entry 2: name 'mine' is registered twice "
+         "(entries 1 and 2): verl would keep only the last"),
         (f"{MT}.function_tool_path={tmp}/broken_tools.py",
          f"function_tool_path: {tmp}/broken_tools.py does not import (ModuleNotFoundError"),
     ]
@@ -206,8 +220,9 @@ def test_what_the_agent_loop_workers_would_import_is_imported_by_check(cli, clea
         assert proc.returncode == 2, (override, proc.stdout[-500:], proc.stderr)
         assert "verl 0.9.1 rejects the overrides (imports)" in proc.stderr and text in proc.stderr, (override, proc.stderr)
         assert f"{TOOLS}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad-agent.yaml", "bad-tool.yaml", "broken_tools.py",
-                                                          "no-module.yaml"]  # nothing written
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "agents-entry.yaml", "agents-map.yaml", "agents-noname.yaml", "agents-twice.yaml", "bad-agent.yaml",
+        "bad-tool.yaml", "broken_tools.py", "no-module.yaml"]  # nothing written
     # The shipped tool config imports; a copy of it passes, and once edited to name a class that
     # is not there, fails: the cached verdict follows the file's content, not only its path.
     copy = tmp_path / "tools.yaml"

@@ -1,5 +1,5 @@
-"""Property tests for the two quoting layers: Hydra's override grammar (launcher.overrides)
-and the shell (launcher.render.q), and for a full render with hostile strings."""
+"""Property tests for the two quoting layers: Hydra's override grammar (launcher.base.overrides)
+and the shell (launcher.core.render.q), and for a full render with hostile strings."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from conftest import RECIPES
-from launcher.overrides import _BARE, hydra_value
-from launcher.recipe import load
-from launcher.render import q, render
+from launcher.base.overrides import _BARE, hydra_value
+from launcher.core.recipe import load
+from launcher.core.render import q, render
 
 PARSER = OverridesParser.create()
 
@@ -128,7 +128,8 @@ def test_hydra_value_dicts_with_plain_keys_round_trip(v):
 
 # ----------------------------------------------------------------------------- shell
 @settings(max_examples=60, deadline=None)
-@given(st.one_of(st.text(st.characters(blacklist_characters="\x00")),
+@given(st.one_of(st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",))),  # no argv holds
+                 # a lone surrogate: it has no encoding (hypothesis drew '\ud800' once)
                  tricky_text.filter(lambda s: "\x00" not in s)))
 @example("'")
 @example("'\"'\"'")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, ROOT
-from launcher.paths import RunPaths
-from launcher.recipe import load
-from launcher.render import render
+from launcher.core.paths import RunPaths
+from launcher.core.recipe import load
+from launcher.core.render import render
 
 GOLDEN = ROOT / "tests" / "golden"
 SHIPPED = sorted(RECIPES.glob("*.yaml"))
@@ -63,7 +63,7 @@ def test_golden_variants(name):
 
 def test_golden_sweep_array():
     """A sweep's job-array script (gsm8k-grpo on SUNK, 8 points, at most 3 at once)."""
-    from launcher.render import render_array
+    from launcher.core.render import render_array
 
     recipe, overrides = VARIANTS["gsm8k-grpo+sunk"]
     got = render_array(load(recipe, overrides).plan, "gsm8k-grpo-sweep-20261201-120000-abcd", 8, 3) \
@@ -83,8 +83,8 @@ def test_container_steps_run_in_the_image_and_the_nodes_step_on_the_host():
     commands = [c for c in script.replace("\\\n", " ").splitlines() if "srun --overlap" in c]
     in_image = [c for c in commands if '"${CONTAINER[@]}"' in c]
     on_host = [c for c in commands if c not in in_image]
-    # teardown, resume check, allocation check, reach check, head, workers, readiness, driver, watchdog
-    assert len(in_image) == 9, commands
+    # teardown (W&B finish, temp dirs), resume check, allocation check, reach check, head, workers, readiness, driver, watchdog
+    assert len(in_image) == 10, commands
     assert len(on_host) == 1 and "node_ip" in on_host[0]  # the address probe needs the host's `ip`
     plain = render(load(RECIPES / "gsm8k-grpo.yaml").plan)
     assert "CONTAINER=()" in plain and "--container" not in plain
@@ -104,7 +104,7 @@ def test_rendered_script_passes_bash_n_and_shellcheck(recipe, tmp_path):
 
 def test_every_template_value_goes_through_the_quoting_filter():
     # Code inserted as code, by design: the recipe's trusted setup lines and the readiness poller.
-    code = {"line", "wait_ready_py", "reach_wandb_py", "check_node_py", "watch_ray_py", "checkpoints_py"}
+    code = {"line", "wait_ready_py", "reach_wandb_py", "check_node_py", "watch_ray_py", "checkpoints_py", "wandb_service_py"}
     # The launcher's own file names (paths.py checks them: safe characters, $RESTART to expand).
     name = re.compile(r'paths\.(in_job|glob)\(paths\.[A-Z_]+(, node="(\$1|%N)")?\)')
     exprs = re.findall(r"{{(.*?)}}", "".join(t.read_text() for t in TEMPLATES))
@@ -134,8 +134,8 @@ def test_the_job_template_is_a_table_of_contents_of_small_rooms():
 def test_log_names_match_run_paths():
     text = _render(RECIPES / "sandbox-demo.yaml")
     p = RunPaths(Path("/r"))
-    head = p.head_log(0).name.replace("r0", "r$RESTART")
-    worker = p.worker_log("%N", 0).name.replace("r0", "r$RESTART")
+    head = p.file(p.HEAD_LOG, 0).name.replace("r0", "r$RESTART")
+    worker = p.file(p.WORKER_LOG, 0, node="%N").name.replace("r0", "r$RESTART")
     driver = p.driver_log(0).name.replace("r0", "r$RESTART")
     assert f'"$LOG_DIR/{head}"' in text and f'"$LOG_DIR/{worker}"' in text and f'"$LOG_DIR/{driver}"' in text
     assert f"#SBATCH --output={p.stdout('%j').name}" in text

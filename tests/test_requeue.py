@@ -153,8 +153,8 @@ def _wait_until(cond, timeout: float = 120) -> None:
 # ----------------------------------------------------------------------------- no sandbox
 def _prune_function() -> str:
     """prune_checkpoints as the job script defines it, cut from a rendered script."""
-    from launcher.recipe import load
-    from launcher.render import render
+    from launcher.core.recipe import load
+    from launcher.core.render import render
 
     script = render(load(RECIPES / "sandbox-demo.yaml", [f"runtime.python={sys.executable}", "cluster.requeue=true",
                                                          "verl.overrides.trainer.max_actor_ckpt_to_keep=2"]).plan)

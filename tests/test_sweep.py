@@ -14,8 +14,8 @@ import pytest
 
 from conftest import RECIPES
 from launcher.errors import RecipeError
-from launcher.plan import wandb_env
-from launcher.sweeps import check, expand, experiment_names, labels, load_points, request
+from launcher.core.plan import wandb_env
+from launcher.core.sweeps import check, expand, experiment_names, labels, load_points, request
 from test_bad_input import _tripwire
 
 DEMO = RECIPES / "sandbox-demo.yaml"
@@ -164,3 +164,16 @@ def test_a_secret_in_a_point_is_refused_without_showing_any_value(cli, tmp_path,
         assert values.split(",")[1] not in proc.stdout + proc.stderr
     proc = cli("submit", DEMO, PY, "-m", "env.API_TOKEN=abcdefgh1,abcdefgh2", "--dry-run", env=env)
     assert proc.returncode == 2 and "env.API_TOKEN=<value>" in proc.stderr and "abcdefgh" not in proc.stderr
+
+
+def test_a_refusal_of_every_point_is_said_once_and_each_other_with_its_point(tmp_path):
+    """Every point's refusals at once, the same one (no key anywhere) said once for all."""
+    sw = load_points(DEMO, [PY, f"paths.runs={tmp_path}", "verl.overrides.data.seed=1,2,3", "secrets=[HF_TOKEN]"])
+    sw.points[1].loaded.recipe.cluster.nodes = 3  # a point whose allocation differs
+    with pytest.raises(RecipeError) as raised:
+        check(sw, {"PATH": os.environ["PATH"], "HOME": str(tmp_path)}, verl=False)
+    said = [str(e) for e in raised.value.each]
+    assert len(said) == 3, said
+    assert "sweep point 1: verl.overrides.data.seed=1" in said[0] and said[0].endswith("(and in 2 more point(s))")
+    assert "HF_TOKEN" in said[1] and said[1].endswith("(and in 2 more point(s))"), said
+    assert "cluster.nodes: differs between points" in said[2], said

@@ -6,7 +6,9 @@ for W&B on the sandbox bridge. And the in-job reachability check's outcomes."""
 from __future__ import annotations
 
 import json
+import re
 import sys
+import time
 from pathlib import Path
 
 
@@ -17,6 +19,7 @@ from wandb_standin import StandIn
 
 BRIDGE = "169.254.77.1"  # the host's side of the sandbox's bridge: the nodes reach it
 NODE_IPS = {"169.254.77.11", "169.254.77.12"}
+STEPS = 5  # W&B steps the demo logs from a Ray actor, as verl's trainer does
 
 
 def _submit(cli, sandbox, clean_env, tmp_path, url, *overrides) -> dict:
@@ -34,10 +37,11 @@ def _phases(run_dir: str) -> list:
 def test_every_node_traces_to_weave_with_the_key_project_and_attributes(cli, sandbox, clean_env, tmp_path,
                                                                         wandb_key):
     with StandIn(host=BRIDGE, api_key=wandb_key) as w:
-        info = _submit(cli, sandbox, clean_env, tmp_path, w.url)
+        info = _submit(cli, sandbox, clean_env, tmp_path, w.url, f"verl.overrides.demo.wandb_steps={STEPS}")
         state = sandbox.wait(info["job_id"], timeout=300)
         out = Path(info["stdout"]).read_text()
         assert state == "COMPLETED", out[-3000:]
+        wandb_runs = dict(w.runs)
         assert "wandb-check" in _phases(info["run_dir"])
         assert all(ok for _, _, ok in w.requests), [r for r in w.requests if not r[2]]
         runs = w.calls_named("DemoAgentLoop.run")
@@ -60,6 +64,21 @@ def test_every_node_traces_to_weave_with_the_key_project_and_attributes(cli, san
         assert all(c["output"] and c["output"]["reward"] == 1.0 for c in runs)
     report = json.loads(Path(info["run_dir"], "demo-report.r0.json").read_text())
     assert sorted(t["hostname"] for t in report["traced"]) == ["node1", "node2"]
+    # W&B's end of the run: verl's Tracking in an actor on the worker node, never finished, ended
+    # by Ray with the driver: the job's service there sent every step and finished the run with
+    # the job's exit code (without it: no rows, no exit code; ../shared/reference/wandb-tail)
+    logged = report["wandb_logged"]
+    assert logged["node"] == "169.254.77.12"
+    (run,) = [r for r in wandb_runs.values() if r["name"] == "sandbox-demo"]
+    assert [(h["_step"], h["demo/loss"]) for h in run["history"]] == \
+        [(int(k), v) for k, v in logged["steps"].items()] and len(run["history"]) == STEPS
+    assert run["exit_code"] == 0 and run["ends"] == [0], run["ends"]
+    said = Path(info["run_dir"], "logs", "wandb-service.r0.log").read_text()
+    for node in ("node1", "node2"):  # each node's service, in a log of their own (not Ray's)
+        assert re.search(rf"wandb on {node}: finished its runs with exit code 0 in [0-9.]+ s", said), said[-2000:]
+    env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
+    online = cli("sync", info["job_id"], env=env)  # W&B has it all: a sync would send every row again
+    assert online.returncode == 2 and "the run logged to W&B online" in online.stderr, online.stderr
 
 
 def test_an_unanswering_wandb_fails_the_job_fast_and_says_why(cli, sandbox, clean_env, tmp_path, wandb_key):
@@ -72,15 +91,56 @@ def test_an_unanswering_wandb_fails_the_job_fast_and_says_why(cli, sandbox, clea
     assert "wandb-check" in phases and "head-up" not in phases  # while Ray was starting: stopped
     assert not job_processes(info["job_id"])
     assert wandb_key not in out
+    never = cli("sync", info["job_id"], env=sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state"))))
+    assert never.returncode == 2 and "the run never logged to W&B: no offline-run-" in never.stderr, never.stderr
 
 
-def test_an_unanswering_wandb_can_disable_tracing_instead(cli, sandbox, clean_env, tmp_path, wandb_key):
+def test_an_unanswering_wandb_can_disable_tracing_instead_and_sync_sends_the_metrics_later(
+        cli, sandbox, clean_env, tmp_path, wandb_key):
+    """W&B silent at the job's start: tracing is disabled and verl's W&B metrics stay offline in the
+    run directory, complete (the node's W&B service finished them). Once W&B answers (here: the
+    stand-in, up on the same address), `sync` sends them, once: a second sync sends nothing. While
+    the job runs, sync is refused, or waits with --wait; no key: exit 2 naming where keys are."""
+    env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
     with StandIn(host=BRIDGE, api_key=wandb_key, mode="silent") as w:
-        info = _submit(cli, sandbox, clean_env, tmp_path, w.url, "trace.on_unreachable=disable")
-        state = sandbox.wait(info["job_id"], timeout=300)
-        out = Path(info["stdout"]).read_text()
-        assert state == "COMPLETED", out[-3000:]
+        info = _submit(cli, sandbox, clean_env, tmp_path, w.url, "trace.on_unreachable=disable",
+                       f"verl.overrides.demo.wandb_steps={STEPS}", "verl.overrides.demo.hold=10")
+        port, job = w.port, info["job_id"]
+        deadline = time.monotonic() + 180
+        phases = Path(info["run_dir"], "phases.jsonl")
+        while not (phases.exists() and "trace-disabled" in _phases(info["run_dir"])) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        early = cli("sync", job, env=env)
+    assert early.returncode == 2 and f"job {job} is RUNNING" in early.stderr and "--wait" in early.stderr, early.stderr
+    no_key = {k: v for k, v in env.items() if k != "WANDB_API_KEY"}
+    waited = cli("sync", job, "--wait", env=no_key, timeout=300)  # waits for the end, then finds no key
+    assert waited.returncode == 2 and "no W&B API key to sync with: $WANDB_API_KEY, wandb.api_key_file, or ~/.netrc" \
+        in waited.stderr, waited.stderr
+    assert sandbox.wait(job, timeout=10) == "COMPLETED"
+    out = Path(info["stdout"]).read_text()
     assert "tracing disabled" in out and "trace-disabled" in _phases(info["run_dir"])
+    assert f"verl-launch sync {job}" in out
     report = json.loads(Path(info["run_dir"], "demo-report.r0.json").read_text())
     assert report["overrides"]["actor_rollout_ref.rollout.trace.backend"] is None
     assert {t["backend"] for t in report["traced"]} == {None}  # nothing was traced, nothing hung
+    offline = list(Path(info["run_dir"], "wandb").glob("offline-run-*"))
+    assert len(offline) == 1, offline
+    st = cli("status", job, env=env).stdout
+    assert f"W&B sync   1 offline W&B run record not yet synced: verl-launch sync {job}" in st, st
+
+    with StandIn(host=BRIDGE, port=port, api_key=wandb_key) as w:
+        sent = cli("sync", job, "--json", env=env, timeout=300)
+        assert sent.returncode == 0, sent.stderr
+        assert json.loads(sent.stdout)["synced"] == [str(offline[0])]
+        (run,) = w.runs.values()
+        logged = report["wandb_logged"]["steps"]
+        assert [(h["_step"], h["demo/loss"]) for h in run["history"]] == [(int(k), v) for k, v in logged.items()]
+        assert run["name"] == "sandbox-demo" and run["ends"] == [0], run["ends"]
+        asked = len(w.requests)
+        again = cli("sync", job, env=env)
+        assert again.returncode == 0 and "nothing new to send" in again.stdout, again.stdout + again.stderr
+        assert len(w.requests) == asked and len(run["history"]) == STEPS  # nothing sent twice
+    assert "W&B sync" not in cli("status", job, env=env).stdout
+    for f in Path(info["run_dir"]).rglob("*"):  # wandb's files included: the key is in none
+        assert not f.is_file() or wandb_key.encode() not in f.read_bytes(), f
+    assert wandb_key not in sent.stdout + sent.stderr + waited.stderr

@@ -274,12 +274,21 @@ def test_compare_puts_two_steps_of_one_sample_side_by_side(run):
     assert lines["turn 2"].count("think 3") == 2
 
 
+def _status(run) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.cli", "status", run["job_id"]], env=run["env"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
 def test_expect_passes_when_every_step_arrived_and_fails_when_one_was_cut(run, written):
+    """--expect and status count with Weave's stats query over step ranges: no stream of the run's
+    calls, whatever the run's size (bench/traces_bench.py measures the cost)."""
+    before = len(written.requests)
     ok = traces(run, "--expect")
     assert (ok.returncode, ok.stdout.strip()) == (0, "traces     12 received, steps 1-3, 4/step as estimated")
-    st = subprocess.run([sys.executable, "-m", "launcher.cli", "status", run["job_id"]], env=run["env"], cwd=ROOT,
-                        capture_output=True, text=True, timeout=60)
+    st = _status(run)
     assert "traces     12 received, steps 1-3, 4/step as estimated" in st.stdout, st.stdout + st.stderr
+    reads = [path for _, path, _ in written.requests[before:] if path.startswith("/traces/")]
+    assert reads and set(reads) == {"/traces/calls/query_stats"}, reads
     lost = {c["id"]: c for c in written.calls if c["attributes"].get("step") == 2 and c["attributes"].get("sample_index") == 1}
     try:
         assert written.forget(lambda c: c["id"] in lost) == 6  # 2 roots and their 4 calls: the server lost them
@@ -289,6 +298,50 @@ def test_expect_passes_when_every_step_arrived_and_fails_when_one_was_cut(run, w
     finally:
         with written._lock:
             written.calls.extend(lost.values())
+
+
+def _extra_roots(written, per_step: int) -> list:
+    """PER_STEP more training trajectories at each step (copies of sample 0's, new ids)."""
+    import uuid
+
+    roots = [c for c in written.calls if c["parent_id"] is None and c["attributes"].get("sample_index") == 0
+             and c["attributes"].get("rollout_n") == 0 and not c["attributes"].get("validate")]
+    out = []
+    for root in roots:
+        for i in range(per_step):
+            new = str(uuid.uuid4())
+            out.append({**root, "id": new, "trace_id": new,
+                        "attributes": {**root["attributes"], "sample_index": 10 + i}})
+    return out
+
+
+def test_the_summary_says_what_arrived_when_more_or_fewer_than_estimated(run, written):
+    """The estimate is `check`'s; what arrived is counted: more per step than estimated is said
+    with both figures (and passes --expect), fewer names the steps."""
+    more = _extra_roots(written, 4)
+    with written._lock:
+        written.calls.extend(more)
+    try:
+        p = traces(run, "--expect")
+        assert (p.returncode, p.stdout.strip()) == (0, "traces     24 received, steps 1-3, 8/step (check estimated 4)")
+        listing = traces(run, "--train")
+        assert listing.stdout.splitlines()[-1] == "24 training trajectories shown, steps 1-3", listing.stdout
+        assert traces(run).stdout.splitlines()[-1] == "24 trajectories, steps 1-3, 8/step (check estimated 4)"
+    finally:
+        ids = {c["id"] for c in more}
+        written.forget(lambda c: c["id"] in ids)
+    one_each = {c["id"] for c in written.calls if c["parent_id"] is None and c["attributes"].get("rollout_n") == 1
+                and c["attributes"].get("sample_index") == 1 and not c["attributes"].get("validate")}
+    kept = [c for c in written.calls if c["id"] in one_each]
+    try:
+        assert written.forget(lambda c: c["id"] in one_each) == 3
+        p = traces(run, "--expect")
+        assert (p.returncode, p.stdout.strip()) == (1, "traces     9 received, steps 1-3; 4/step estimated, "
+                                                       "short: steps 1-3 have 3"), p.stdout + p.stderr
+        assert "9 received, steps 1-3; 4/step estimated, short: steps 1-3 have 3" in _status(run).stdout
+    finally:
+        with written._lock:
+            written.calls.extend(kept)
 
 
 def test_bad_steps_unknown_ids_and_keys_are_exit_2_and_an_unreachable_server_exit_1(run, written, wandb_key):
@@ -338,5 +391,6 @@ def test_the_api_reads_what_the_cli_lists(run, monkeypatch):
     assert [t["call_id"] for t in got] == listed
     tally = r.trace_tally(environ=run["env"])
     assert (tally.counts, tally.estimate, tally.short) == ({1: 4, 2: 4, 3: 4}, 4, [])
+    assert r.tally_of(tally.counts).text() == tally.text()  # a listing's own counts read the same
     with pytest.raises(launcher.RecipeError, match="--step"):
         list(r.traces(step="3:1", environ=run["env"]))

@@ -133,8 +133,8 @@ def test_every_trajectory_is_traced_to_weave_from_both_nodes_as_check_estimates(
         assert sorted((c["attributes"]["sample_index"], c["attributes"]["rollout_n"]) for c in cs) == \
             sorted({(c["attributes"]["sample_index"], c["attributes"]["rollout_n"]) for c in cs}), s
     assert {NODE_IP.get(c["client"]) for c in trajectories} == {"node1", "node2"}
-    inside = {c["parent_id"] for c in trained.calls if c["short_name"].endswith(".generate")}
-    assert {c["id"] for c in trajectories} <= inside  # each trajectory's generate call sits inside it
+    inside = {c["trace_id"] for c in trained.calls if c["short_name"].endswith(".generate")}
+    assert {c["trace_id"] for c in trajectories} <= inside  # each trajectory's generate call sits inside it
 
 
 def test_traces_reads_the_training_runs_trajectories_back(trained, cli):
@@ -151,7 +151,8 @@ def test_traces_reads_the_training_runs_trajectories_back(trained, cli):
         f"{len(ids)} trajectories, steps 1-{STEPS}, {per_step}/step as estimated")
     two = [json.loads(x) for x in cli("traces", trained.job_id, "--step", "2", "--json", env=env).stdout.splitlines()]
     assert len(two) == per_step and {t["step"] for t in two} == {2}
-    assert all(c["op"].endswith(".generate") for t in two for c in t["calls"]) and all(t["turns"] == 1 for t in two)
+    assert all([c["op"] for c in t["calls"] if c["op"].endswith(".generate")] for t in two)
+    assert all(t["turns"] == 1 for t in two)
     t = two[0]
     show = cli("traces", trained.job_id, "--show", t["call_id"], env=env)
     assert show.returncode == 0, show.stderr
@@ -170,20 +171,86 @@ def test_traces_reads_the_training_runs_trajectories_back(trained, cli):
     assert trained.standin.unknown == []  # every read was answered
 
 
-def test_verls_wandb_logger_reaches_wandb_and_no_key_is_written(trained, wandb_key):
+EXAMPLE = "CheckedAgentLoop"  # launcher/examples/agent_loop.py, picked by every other row's agent_name
+
+
+def test_rows_picking_the_example_agent_loop_trace_its_own_step_and_reward(trained, cli):
+    """The recipe registers the example agent loop (recipes/agents/checked.yaml) and every other row
+    of its data picks it by agent_name: those trajectories are rooted in the example's run, with
+    verl's own loop and the example's traced check inside, in that order; the check ran the
+    calculator and scored the trajectory with the run's reward function, so the root's output
+    holds the reward and `traces` lists it; they carry verl's attributes as verl's own do, and
+    --show prints the check's input and output. verl's own trajectories leave the reward to later."""
+    ours = [c for c in trained.trajectories if c["short_name"] == f"{EXAMPLE}.run"]
+    theirs = [c for c in trained.trajectories if c["short_name"] == "SingleTurnAgentLoop.run"]
+    assert ours and theirs and len(ours) + len(theirs) == len(trained.trajectories), len(trained.trajectories)
+    kids = {}
+    for c in sorted(trained.calls, key=lambda c: c["started_at"]):
+        kids.setdefault(c["parent_id"], []).append(c)
+    for t in ours:
+        inside = kids[t["id"]]
+        assert [c["short_name"] for c in inside] == ["SingleTurnAgentLoop.run", f"{EXAMPLE}.check_answer"], inside
+        check = inside[1]
+        assert check["output"]["reward"] == t["output"]["reward_score"] and check["exception"] is None, check
+        assert check["output"]["calculator"] == str(eval(check["output"]["expression"]))  # noqa: S307 - our digits
+        assert [c["short_name"] for c in kids[check["id"]]] == ["CalculatorTool.execute"]
+        for c in (check, *kids[check["id"]]):
+            assert {k: c["attributes"][k] for k in ("step", "sample_index", "rollout_n", "validate",
+                                                    "experiment_name")} == \
+                {k: t["attributes"][k] for k in ("step", "sample_index", "rollout_n", "validate", "experiment_name")}
+    assert all(t["output"]["reward_score"] is None for t in theirs)  # verl 0.9.1 scores after its traced run
+    listed = [json.loads(x) for x in cli("traces", trained.job_id, "--json", env=trained.env).stdout.splitlines()]
+    rewards = {t["call_id"]: t["reward"] for t in listed}
+    assert {t["id"]: t["output"]["reward_score"] for t in ours} == {k: v for k, v in rewards.items()
+                                                                     if k in {t["id"] for t in ours}}
+    t = ours[0]
+    show = cli("traces", trained.job_id, "--show", t["id"], env=trained.env)
+    assert show.returncode == 0, show.stderr
+    check = kids[t["id"]][1]
+    line = next(x for x in show.stdout.splitlines() if x.startswith(f"  op         {EXAMPLE}.check_answer("))
+    assert f'"question": "{check["inputs"]["question"]}"' in line and line.endswith(json.dumps(check["output"])[:300]), line
+    assert f"    call     CalculatorTool.execute(" in show.stdout and f"reward     {t['output']['reward_score']:.3g}" \
+        in show.stdout, show.stdout
+    print(f"\n{len(ours)} of {len(trained.trajectories)} trajectories by the example loop; traces --show:\n{show.stdout}")
+
+
+def test_a_call_traced_outside_the_workers_with_rollout_trace_attr_is_read_back_by_experiment(trained, cli):
+    """An evaluation made in a process of its own (launcher/examples/trace_outside.py), traced to the
+    run's project with verl's rollout_trace_attr: `traces --experiment` finds it, with its attributes."""
+    project = f"team/{trained.run_record['project']}"
+    env = {k: v for k, v in trained.env.items() if not k.startswith(("WEAVE_", "WF_"))}
+    env.update(WANDB_BASE_URL=trained.url, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    proc = subprocess.run([sys.executable, "-m", "launcher.examples.trace_outside", project, "sandbox-verl-eval",
+                           "(3 + 4) * 6"], env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert trained.standin.wait_for(lambda s: any(c["attributes"].get("experiment_name") == "sandbox-verl-eval"
+                                                  for c in s.calls), timeout=30)
+    found = [json.loads(x) for x in cli("traces", trained.job_id, "--experiment", "sandbox-verl-eval", "--json",
+                                        env=trained.env).stdout.splitlines()]
+    assert [(t["op"], t["step"], t["sample_index"], t["rollout_n"], t["experiment"]) for t in found] == \
+        [("CalculatorTool.execute", 7, 3, 1, "sandbox-verl-eval")], found
+
+
+def test_wandb_has_every_step_verl_logged_the_run_finished_and_no_key_is_written(trained, wandb_key):
     """Tracing puts wandb in verl's logger: its run reached the stand-in under the run's entity,
-    project and experiment, with verl's config and console. Metrics logged in the last seconds
-    before verl's trainer exits never leave it (verl 0.9.1 finishes its wandb run only in
-    Tracking.__del__, after wandb's own exit hook closed its connection: README, "Not verified
-    here"): whatever history arrived is verl's own values. The key is in no file of the run."""
+    project and experiment, with verl's config and console; a history row for every step, 1..N,
+    each holding every number verl's console printed for that step (the last step too, which
+    verl logs without a commit); finished once, with the job's exit code, 0. verl's trainer never
+    finishes it (Ray ends its actor): each node's W&B service does, after Ray (wandb_service.py).
+    The key is in no file of the run."""
     runs = [r for r in trained.wandb_runs.values() if r["name"] == "sandbox-verl"]
     assert len(runs) == 1, trained.wandb_runs.keys()
     run = runs[0]
     assert (run["entity"], run["project"]) == ("team", "verl-launch-sandbox"), run
     assert run["config"]["trainer"]["experiment_name"] == "sandbox-verl", run["config"].get("trainer")
+    assert [row["_step"] for row in run["history"]] == list(range(1, STEPS + 1)), run["history"]
     for row in run["history"]:
-        step = row.get("_step")
-        assert row["actor/grad_norm"] == pytest.approx(trained.steps[step]["actor/grad_norm"]), row
+        console = {k: v for k, v in trained.steps[row["_step"]].items() if isinstance(v, (int, float))}
+        assert len(console) > 20 and {k: row.get(k) for k in console} == pytest.approx(console), row["_step"]
+    assert run["ends"] == [0] and run["summary"]["_step"] == STEPS, (run["ends"], run["summary"].get("_step"))
+    said = [line for line in (trained.run_dir / "logs" / "wandb-service.r0.log").read_text().splitlines()
+            if "finished its runs with exit code" in line]
+    assert len(said) == 2 and all("with exit code 0 in" in line for line in said), said  # both nodes' services
     basic = base64.b64encode(f"api:{wandb_key}".encode())  # as the W&B clients send it
     for f in Path(trained.run_dir).rglob("*"):  # wandb's own files (wandb/run-*/) included
         if f.is_file():

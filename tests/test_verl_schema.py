@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES
-from launcher import verl_schema
+from launcher.checks import verl_schema
 from launcher.errors import RecipeError
-from launcher.overrides import verl_args
-from launcher.recipe import load
-from launcher.verl_schema import problem, snapshot_for
+from launcher.base.overrides import verl_args
+from launcher.core.recipe import load
+from launcher.checks.verl_schema import problem, snapshot_for
 
 GSM8K = RECIPES / "gsm8k-grpo.yaml"
 NO_VERL = "runtime.python=/usr/bin/python3"  # Debian's interpreter: no verl, as on a login node
@@ -24,12 +24,12 @@ SCHEMA, _ = snapshot_for("0.9.1")
 
 
 def test_the_committed_snapshot_is_what_verl_gives(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "launcher.verl_schema_snapshot", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "launcher.checks.verl_schema_snapshot", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     [fresh] = tmp_path.glob("verl-*.json")
     committed = verl_schema.SNAPSHOTS / fresh.name
-    assert committed.exists(), f"no committed {fresh.name}: run python -m launcher.verl_schema_snapshot"
+    assert committed.exists(), f"no committed {fresh.name}: run python -m launcher.checks.verl_schema_snapshot"
     assert json.loads(fresh.read_text()) == json.loads(committed.read_text())
 
 

@@ -127,7 +127,7 @@ def test_wrong_key_fails_wandb_init_promptly(clean_env, wandb_key, tmp_path, res
 
 
 def launcher_env(clean_env: dict, url: str, tmp_path: Path) -> dict:
-    """What the launcher exports on every node (launcher/render.py wandb_env)."""
+    """What the launcher exports on every node (launcher/core/render.py wandb_env)."""
     return {**wandb_env(clean_env, url, tmp_path), "WANDB_NAME": NAME, "WANDB_RUN_ID": RUN_ID,
             "WANDB_RESUME": "allow", "WANDB_RUN_GROUP": "grp", "WANDB_JOB_TYPE": "train"}
 

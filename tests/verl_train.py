@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "sandbox-verl.yaml"
 BRIDGE = "169.254.77.1"  # the host's side of the sandbox's bridge: the nodes reach the stand-in there
 NODE_IP = {f"169.254.77.1{i}": f"node{i}" for i in range(1, 10)}
-TRAJECTORY = "SingleTurnAgentLoop.run"  # verl's agent loop: one traced call per trajectory
+# A trajectory: the root call of an agent loop's trace (verl's SingleTurnAgentLoop.run, or the
+# example CheckedAgentLoop.run with verl's inside it), one per sample and rollout.
+TRAJECTORY = "AgentLoop.run"
 
 
 def plain(text: str) -> str:
@@ -171,7 +173,7 @@ class Trained:
 
     @property
     def trajectories(self) -> list:
-        return [c for c in self.calls if c["short_name"] == TRAJECTORY]
+        return [c for c in self.calls if c["short_name"].endswith(TRAJECTORY) and not c.get("parent_id")]
 
     @property
     def checkpoint(self) -> Optional[Path]:

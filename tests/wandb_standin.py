@@ -16,7 +16,8 @@ records what it gets:
         w.runs       # wandb runs by run id: entity, project, name, config, tags, group,
                      # job_type, history (logged rows in order, with _step), summary,
                      # output (console lines), files (uploaded name -> bytes),
-                     # exit_code (None until wandb.finish), resumed (times resumed)
+                     # exit_code (None until wandb.finish), resumed (times resumed),
+                     # ends (every finish's exit code, in order)
         w.requests   # every request: (method, path, authorized)
         w.forget(lambda c: c["attributes"].get("step") == 2)   # a fault: calls the server lost
 
@@ -236,6 +237,7 @@ def _new_run() -> dict[str, Any]:
         "files": {},           # name -> bytes of the run files uploaded (config.yaml, ...)
         "exit_code": None,     # set by the file stream's final "complete" request
         "resumed": 0,          # how often a finished run was resumed (same run id again)
+        "ends": [],            # the exit code of every "complete" request, in order (one per finish)
         "_upserted": False,    # UpsertBucket seen: what "inserted" answers
         "_raw_config": {},     # config as sent ({"key": {"value": ...}}), for resuming
         "_events": 0,          # system-metrics lines received (only their count is kept)
@@ -616,6 +618,7 @@ def _file_stream(standin: StandIn, entity: str, project: str, run_id: str, body:
                 standin.unknown.append(("file_stream file", name))
         if body.get("complete"):
             run["exit_code"] = body.get("exitcode")
+            run["ends"].append(body.get("exitcode"))
         elif run["exit_code"] is not None:   # a finished run streams again: it was resumed
             run["exit_code"] = None
             run["resumed"] += 1

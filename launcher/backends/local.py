@@ -10,7 +10,6 @@ anything left that carries this run's marker variable is killed and reported.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -22,8 +21,8 @@ import time
 from pathlib import Path
 from typing import List, Mapping, Optional, TextIO
 
-from ..paths import RunPaths
-from ..plan import RAY_FIXED_PORTS, Plan
+from ..core.paths import RunPaths
+from ..core.plan import RAY_FIXED_PORTS, Plan
 from ..resources import templates_dir
 
 MARKER = "VERL_LAUNCH_LOCAL_RUN"  # in the environment of every process of a local run
@@ -101,8 +100,7 @@ def run(req, environ: Mapping[str, str], out: Optional[TextIO] = None) -> dict:
     env = dict(environ, PATH=f"{shims}{os.pathsep}{environ.get('PATH', '')}", SLURM_JOB_ID=job_id,
                SLURM_JOB_NODELIST=host, SLURMD_NODENAME=host, SLURM_CPUS_PER_TASK=str(plan.ray.cpus),
                SLURM_RESTART_COUNT="0", **{MARKER: job_id})
-    record = req.register(job_id, local=True, command=f"bash {p.SCRIPT} (here, without Slurm)",
-                      runner={"host": host, "pid": os.getpid()})
+    record = req.register(job_id, runner={"host": host, "pid": os.getpid()})
     t0 = time.time()
     proc = subprocess.Popen(["bash", p.SCRIPT], cwd=p.run_dir, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -129,10 +127,11 @@ def run(req, environ: Mapping[str, str], out: Optional[TextIO] = None) -> dict:
             signal.signal(sig, handler)
     leftovers = _kill_leftovers(job_id)
     pump.join(timeout=10)
-    record.update(finished=time.time(), elapsed=round(time.time() - t0, 1), exit_code=f"{rc}:0",
-                  final_state="COMPLETED" if rc == 0 else "FAILED", leftovers=len(leftovers),
-                  leftover_processes=leftovers)
-    p.write_record(record)
+    ended = dict(finished=time.time(), elapsed=round(time.time() - t0, 1), exit_code=f"{rc}:0",
+                 final_state="COMPLETED" if rc == 0 else "FAILED", leftovers=len(leftovers),
+                 leftover_processes=leftovers)
+    record.update(ended)
+    p.update_record(lambda rec: rec.update(ended))  # what was recorded meanwhile (a merge) stays
     if leftovers and out is not None:
         out.write(f"verl-launch: killed {len(leftovers)} process(es) the job left behind: {leftovers}\n")
     return record
@@ -188,14 +187,69 @@ def _kill_leftovers(job_id: str, grace: float = 10.0) -> List[str]:
 class LocalBackend:
     """Runs a Request here, to its end (a sweep: its points one after another); its state is
     the run's own record, which Slurm never knew."""
-    name = "local"
+    name, title = "local", "local"
+
+    def load(self, recipe, overrides: List[str], environ: Mapping[str, str], notes: Optional[TextIO] = None):
+        """The recipe on one node with this machine's GPUs (local_overrides), saying on NOTES what
+        that changed, rather than changing it silently."""
+        from ..core.recipe import load
+
+        asked = load(recipe, overrides).recipe.cluster
+        loaded = load(recipe, overrides + local_overrides(environ))
+        for name in ("nodes", "gpus_per_node"):
+            if getattr(asked, name) != getattr(loaded.recipe.cluster, name) and notes is not None:
+                print(f"--local: cluster.{name}={getattr(loaded.recipe.cluster, name)} here (the recipe asks for "
+                      f"{getattr(asked, name)})", file=notes)
+        return loaded
+
+    def weigh(self, plan, had) -> list:
+        """check's lines; Slurm is not asked."""
+        from .summary import weigh
+
+        return weigh(plan, had, None, ask_slurm=False)
+
+    def dryrun(self, prepared):
+        """`bash job.sbatch` here, in a new run directory."""
+        from ..core.request import for_run
+
+        req = _here(for_run(prepared.plan))
+        req.text = f"bash {RunPaths.SCRIPT} (here, without Slurm, in {req.directory})"
+        req.warnings = list(prepared.warnings)
+        return req
+
+    def serve_gpus(self, r) -> int:
+        return 0  # this machine's own: none are asked for
+
+    def merge_executor(self, folder, r, params: dict):
+        """submitit's local executor: the merge runs here, in the background."""
+        import submitit
+
+        ex = submitit.AutoExecutor(folder=str(folder), cluster="local")
+        ex.update_parameters(**params)
+        return ex
+
+    def wait_merge(self, job, on_change=None, poll: float = 2.0) -> None:
+        pass  # submitit's result() waits for a local job
+
+    def merge_state(self, merge: dict) -> str:
+        return "not merged (a local merge that did not finish)"
+
+    def dryrun_sweep(self, sweep, max_parallel: Optional[int] = None):
+        """Each point's script here, one after another (MAX_PARALLEL: one at a time anyway)."""
+        from ..core.sweeps import request
+
+        req = _here(request(sweep, max_parallel))
+        req.text = f"each point's {RunPaths.SCRIPT} here, one after another, without Slurm"
+        for point in req.points:
+            _here(point).text = f"bash {RunPaths.SCRIPT} (here, without Slurm, in {point.directory})"
+        return req
 
     def schedule(self, req, environ: Optional[Mapping[str, str]] = None, out: Optional[TextIO] = None) -> dict:
         environ = os.environ if environ is None else environ
         if not req.is_sweep:
             return run(req, environ, out)
         req.paths.create(req.script)
-        record = req.register(None, local=True)
+        record = req.register(None)
         n = len(req.points)
         for i, point in enumerate(req.points, 1):  # numbered 1..N of N; the directory keeps the task id
             if out is not None:
@@ -208,10 +262,7 @@ class LocalBackend:
     def states(self, runs: List[dict]) -> dict:
         out = {}
         for r in runs:
-            try:
-                rec = json.loads(RunPaths(Path(r["run_dir"])).record.read_text())
-            except (OSError, ValueError):
-                rec = {}
+            rec = RunPaths(Path(r["run_dir"])).read_record() or {}
             state, reason = rec.get("final_state"), None
             if state is None:
                 state, reason = _unfinished(r, rec)
@@ -230,19 +281,35 @@ class LocalBackend:
         return state != "RUNNING", state
 
     def wait(self, run: dict, on_change=None, poll: float = 2.0, timeout: Optional[float] = None, **_) -> dict:
-        """A local run started elsewhere (another process): until its record has an end."""
-        self.wait_many([run], poll=poll, timeout=timeout)
-        return self.states([run])[run["run_dir"]]
+        """A local run started elsewhere (another process): until its record has an end; its
+        job info. ``on_change(state)`` as it changes."""
+        return self.wait_many([run], on_change and (lambda counts: on_change(", ".join(counts))), poll,
+                              timeout)[run["run_dir"]]
 
     def wait_many(self, runs: List[dict], on_change=None, poll: float = 2.0, timeout: Optional[float] = None,
                   **_) -> dict:
-        """Until no run of RUNS is running here (or TIMEOUT): {run_dir: state}."""
+        """Until no run of RUNS is running here (or TIMEOUT): {run_dir: job info};
+        ``on_change({state: count})`` when the counts change."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
         while True:
-            now = {d: info["state"] for d, info in self.states(runs).items()}
-            if "RUNNING" not in now.values() or (deadline is not None and time.monotonic() > deadline):
-                return now
+            infos = self.states(runs)
+            counts: dict = {}
+            for info in infos.values():
+                counts[info["state"]] = counts.get(info["state"], 0) + 1
+            if counts != last and on_change is not None:
+                on_change(counts)
+            last = counts
+            if "RUNNING" not in counts or (deadline is not None and time.monotonic() > deadline):
+                return infos
             time.sleep(poll)
+
+
+def _here(req):
+    """REQ as this backend runs it: `bash job.sbatch`, to its end, recorded as local."""
+    req.command, req.runs_here = ["bash", RunPaths.SCRIPT], True
+    req.meta["local"] = True
+    return req
 
 
 def _unfinished(run: dict, rec: dict) -> tuple:

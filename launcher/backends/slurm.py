@@ -1,6 +1,6 @@
 """The Slurm backend: a Request becomes a run directory and one `sbatch` (a sweep: one job array);
 its state comes from one rate-limited watcher (scontrol for what slurmctld remembers, sacct for
-the rest, through launcher.slurm, the only module that runs Slurm commands)."""
+the rest, through slurm_commands.py, the only module that runs Slurm commands)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Mapping, Optional
 
-from .. import slurm
-from ..paths import RunPaths, shown_phase
+from . import slurm_commands as slurm
+from ..core.paths import RunPaths, shown_phase
 
 
 class Watcher:
@@ -46,7 +46,66 @@ WATCHER = Watcher()
 
 
 class SlurmBackend:
-    name = "slurm"
+    name, title = "slurm", "Slurm"
+
+    def load(self, recipe, overrides: List[str], environ: Mapping[str, str], notes=None):
+        from ..core.recipe import load
+
+        return load(recipe, overrides)
+
+    def weigh(self, plan, had) -> list:
+        """check's lines, Slurm asked (`sbatch --test-only` of the script, the partition)."""
+        from ..core.render import render
+        from .summary import weigh
+
+        return weigh(plan, had, render(plan), ask_slurm=True)
+
+    def dryrun(self, prepared):
+        """`sbatch --parsable job.sbatch` in a new run directory."""
+        from ..core.request import for_run
+
+        req = for_run(prepared.plan)
+        req.warnings = list(prepared.warnings)
+        return req
+
+    def dryrun_sweep(self, sweep, max_parallel: Optional[int] = None):
+        """One job array: `sbatch --parsable sweep.sbatch` in the sweep's directory."""
+        from ..core.sweeps import request
+
+        return request(sweep, max_parallel)
+
+    def serve_gpus(self, r) -> int:
+        """One where the run's nodes have GPUs."""
+        return 1 if (r is not None and r.cluster.gpus_per_node > 0) else 0
+
+    def merge_executor(self, folder, r, params: dict):
+        """submitit's Slurm executor for a one-node merge job (PARAMS: merge_job.job_params),
+        with recipe R's partition, account, qos and setup."""
+        import submitit
+
+        c = r.cluster if r else None
+        extra = {f"slurm_{name}": getattr(c, name) for name in ("partition", "account", "qos")
+                 if c is not None and getattr(c, name)}
+        if r is not None and r.runtime.setup:
+            extra["slurm_setup"] = list(r.runtime.setup)
+        ex = submitit.AutoExecutor(folder=str(folder), cluster="slurm")
+        ex.update_parameters(**params, **extra)
+        return ex
+
+    def merge_state(self, merge: dict) -> str:
+        info = WATCHER.job(str(merge.get("job_id")))
+        return info["state"] if info else "UNKNOWN (Slurm no longer knows the job)"
+
+    def wait_merge(self, job, on_change=None, poll: float = 2.0) -> None:
+        """Until the merge job ends, from the launcher's own watcher (submitit's needs accounting:
+        without slurmdbd it stays UNKNOWN); SlurmError if it left no result."""
+        from ..errors import SlurmError
+
+        info = job.verl_launch
+        final = self.wait({"job_id": info["job_id"], "run_dir": info["folder"]}, on_change, poll=poll)
+        if not job.paths.result_pickle.exists():
+            raise SlurmError(f"merge job {info['job_id']} ended {final['state']} without a result; "
+                             f"its output: {job.paths.stdout}")
 
     def schedule(self, req, environ: Optional[Mapping[str, str]] = None, out=None) -> dict:
         """Write the run directory (0700, files 0600; a sweep's and each point's) and sbatch it
@@ -77,14 +136,13 @@ class SlurmBackend:
     def ended(self, run: dict):
         """(ended, state in words) for `logs -f`."""
         info = WATCHER.job(run["job_id"])
-        return (info is None or slurm.ended(info)), (info.get("JobState", "UNKNOWN") if info
-                                                     else "no longer known to Slurm")
+        return (info is None or slurm.ended(info)), (info["state"] if info else "no longer known to Slurm")
 
     def wait(self, run: dict, on_change=None, poll: float = 2.0, timeout: Optional[float] = None,
              stop_if_never_starts: bool = False) -> dict:
         """Poll RUN's job until it ends; ``on_change(text)`` whenever its Slurm state or the job's
         phase changes. STOP_IF_NEVER_STARTS: also return (still PENDING) once it pends for a
-        reason that cannot clear by itself. Returns scontrol's last answer, with "state"."""
+        reason that cannot clear by itself. Returns the last job info (slurm._info)."""
         job_id, paths, on_change = run["job_id"], RunPaths(Path(run["run_dir"])), on_change or (lambda text: None)
         deadline = None if timeout is None else time.monotonic() + timeout
         last, misses = None, 0
@@ -95,21 +153,20 @@ class SlurmBackend:
                 time.sleep(poll)
                 continue
             misses = 0
-            info = info or {"JobState": "UNKNOWN"}
+            info = info or {"state": "UNKNOWN"}
             text = _state_text(info, paths)
             if text != last:
                 on_change(text)
                 last = text
-            state = info.get("JobState", "UNKNOWN")
-            if slurm.ended(info) or state == "UNKNOWN" or (stop_if_never_starts and slurm.never_starts(info)) \
+            if slurm.ended(info) or info["state"] == "UNKNOWN" or (stop_if_never_starts and slurm.never_starts(info)) \
                     or (deadline is not None and time.monotonic() > deadline):
-                return dict(info, state=state)
+                return info
             time.sleep(poll)
 
     def wait_many(self, runs: List[dict], on_change=None, poll: float = 5.0, timeout: Optional[float] = None,
                   stop_if_never_starts: bool = False) -> dict:
         """Poll many runs (a sweep's points, one batched query a poll) until every one has
-        ended; ``on_change({state: count})`` when the counts change. {run_dir: state}. With
+        ended; ``on_change({state: count})`` when the counts change. {run_dir: job info}. With
         STOP_IF_NEVER_STARTS, also return once every point still waiting can never start."""
         deadline = None if timeout is None else time.monotonic() + timeout
         last, on_change = None, on_change or (lambda counts: None)
@@ -123,21 +180,21 @@ class SlurmBackend:
                 on_change(counts)
                 last = counts
             if all(s in slurm.TERMINAL for s in now.values()) or (deadline is not None and time.monotonic() > deadline):
-                return now
+                return infos
             waiting = [info for info in infos.values() if info.get("state") not in slurm.TERMINAL]
             if stop_if_never_starts and all(slurm.never_starts(info) for info in waiting):
-                return now
+                return infos
             time.sleep(poll)
 
 
 def _state_text(info: dict, paths: RunPaths) -> str:
     """'RUNNING: training - step 3/10', 'PENDING (Resources)', 'RUNNING [restart 1]: ...'."""
-    state = info.get("JobState", "UNKNOWN")
+    state = info.get("state", "UNKNOWN")
     text = state
-    if info.get("Restarts", "0") != "0":
-        text += f" [restart {info['Restarts']}]"
-    if state == "PENDING" and slurm.reason_of(info.get("Reason")):
-        text += f" ({info['Reason']})"
+    if info.get("restarts", "0") not in ("0", None):
+        text += f" [restart {info['restarts']}]"
+    if state == "PENDING" and info.get("reason"):
+        text += f" ({info['reason']})"
     phase = paths.last_phase()
     if state == "RUNNING" and phase:
         progress = paths.progress(phase.get("restart", 0)) if phase["phase"] == "driver-start" else None

@@ -1,0 +1,228 @@
+"""verl's keys, checked without verl: the recipe's verl overrides against a snapshot of verl's
+config (launcher/checks/verl_schemas/verl-<version>.json, written from verl itself by
+verl_schema_snapshot.py), so that a typo costs a second on a login node, not an allocation.
+
+What is refused, each naming the key and where it was set:
+- a key verl's config does not have ("did you mean ...?"), with or without `+`: a `+key` that
+  verl never reads passes Hydra and verl's own checks, and silently does nothing;
+- `+key` for a key verl has (Hydra refuses it: "An item is already at ..."), and a key verl
+  reads from a section's dataclass but its YAML lacks (`rollout.enable_sleep_mode`) without `+`;
+- a new key under a free-form section (override_config, engine_kwargs, ...) without `+`
+  (Hydra refuses that too); with `+` it is fine: verl hands those on unread;
+- a value of the wrong type (text for a number, a fraction for a count: 2.5 epochs, true/false
+  for a switch; see FRACTIONAL_OK for the int-defaulted keys verl takes as any number, and
+  NULL_DEFAULT_COUNTS for the null-defaulted keys verl takes as counts), or a value
+  verl does not know for a key with a fixed set (advantage estimators, rollout engines...).
+`verl.extra_keys` lists keys (or sections) this check leaves alone: a verl fork's own.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+from ..errors import RecipeError
+from ..base.verl_versions import NEWEST_CHECKED, parse
+
+SNAPSHOTS = Path(__file__).with_name("verl_schemas")
+OWN = "; if your own verl build has it, list the key in verl.extra_keys"
+
+
+@dataclass(frozen=True)
+class Schema:
+    version: str  # the verl release the snapshot was taken from
+    keys: Dict[str, dict]  # dotted key -> {type, nullable, from, default}
+    sections: Dict[str, dict]  # dotted section -> {open, dataclass}
+    enums: Dict[str, list]  # dotted key (key[] for a list's items) -> known values
+
+    def free_form(self, key: str) -> bool:
+        """KEY lies inside a section whose keys verl hands on unread."""
+        parts = key.split(".")
+        return any(self.sections.get(".".join(parts[:i]), {}).get("open") for i in range(1, len(parts)))
+
+
+@functools.lru_cache(maxsize=None)
+def _read(path: Path) -> Schema:
+    snap = json.loads(path.read_text())
+    return Schema(snap["verl_version"], snap["keys"], snap["sections"], snap["enums"])
+
+
+def snapshot_for(version: Optional[str]) -> Tuple[Optional[Schema], str]:
+    """The snapshot for verl VERSION (None: the newest the launcher knows): that release's, else
+    the newest of its major.minor series; (None, why) when the launcher has none."""
+    want = parse(version or NEWEST_CHECKED)
+    have = {}
+    for p in SNAPSHOTS.glob("verl-*.json"):
+        try:
+            have[parse(p.stem[len("verl-"):])] = p
+        except ValueError:
+            continue
+    if want in have:
+        return _read(have[want]), ""
+    series = sorted(v for v in have if v[:2] == want[:2])
+    if series:
+        s = _read(have[series[-1]])
+        return s, f" (the nearest snapshot: verl {version} has none)"
+    known = ", ".join(".".join(map(str, v)) for v in sorted(have)) or "none"
+    return None, (f"no snapshot of verl {version}'s config (the launcher has: {known}); verl's keys are "
+                  "checked only by verl itself (preflight). To add one: python -m launcher.verl_schema_snapshot")
+
+
+def _interpolated(value: Any) -> bool:
+    return isinstance(value, str) and "${" in value
+
+
+# Keys whose type the snapshot guessed from an int default ("from": "default") but that verl
+# takes as any number (read off verl 0.9.1's source): seconds handed to timedelta / ray.get /
+# should_save_ckpt_esi (float), `num_warmup_batches: int | float` (trainer_base.py), LoRA's
+# alpha (a scale) and FSDP's wrap_policy.min_num_params (compared with a parameter count;
+# 1e8 is a float on Hydra's command line). Matched by the key's last part. Every other
+# int-typed key is a count, a size, a step or an index: verl slices, ranges or divides by it
+# (range(total_epochs), `% save_freq`, batch sizes, DataLoader workers), so 2.5 fails late.
+FRACTIONAL_OK = frozenset({"nccl_timeout", "esi_redundant_time", "ray_wait_register_center_timeout",
+                           "num_warmup_batches", "alpha", "min_num_params"})
+
+
+def whole_number_key(key: str, spec: dict) -> bool:
+    """KEY (SPEC) holds a whole number in verl: int-typed, and not one verl takes as a fraction."""
+    return spec["type"] == "int" and (spec.get("from") == "annotation"
+                                      or key.rpartition(".")[2] not in FRACTIONAL_OK)
+
+
+# Keys verl defaults to null but takes as counts (a whole number; null: verl decides). A null
+# default gives the snapshot no type ("any"), so the int check misses them; an Optional[int]
+# dataclass field is typed int by the snapshot already. Found by reading, in verl 0.9.1's
+# source, where each of the snapshot's untyped null-defaulted keys is used; matched by the
+# whole dotted key (lists such as global_profiler.steps are not counts, and are left out).
+NULL_DEFAULT_COUNTS = frozenset({
+    # trainer: total_training_steps stands in for len(dataloader) * total_epochs, is compared with
+    # global_steps and becomes optim.total_training_steps, an int (ray_trainer.py); a fraction for
+    # max_*_ckpt_to_keep fails checkpoint_manager.py's isinstance(.., int): every checkpoint is kept
+    "trainer.total_training_steps", "trainer.max_actor_ckpt_to_keep", "trainer.max_critic_ckpt_to_keep",
+    # data: DataLoader batch sizes (and `num_prompts % gen_batch_size`, range(.. // gen_batch_size)
+    # in v1/trainer_base.py); the shuffle seed goes to torch.Generator.manual_seed (ppo/utils.py)
+    "data.gen_batch_size", "data.val_batch_size", "data.seed",
+    # ref: renamed to ActorConfig's Optional[int] ppo_micro_batch_size(_per_gpu) (engine_workers.py)
+    "actor_rollout_ref.ref.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    # rollout.disaggregation: DisaggregationConfig's Optional[int] fields (built in RolloutConfig's
+    # __post_init__; the YAML section has no _target_, so the snapshot has no dataclass for it)
+    *(f"{rollout}.disaggregation.{k}" for rollout in ("actor_rollout_ref.rollout", "reward.reward_model.rollout")
+      for k in ("decode_tensor_model_parallel_size", "bootstrap_port")),
+    # legacy_reward_impl.yaml's reward_model / sandbox_fusion: copied as they are into reward.*'s
+    # int fields (reward.num_workers, reward.reward_model.nnodes, ...) by migrate_legacy_reward_impl
+    "reward_model.num_workers", "reward_model.n_gpus_per_node", "reward_model.nnodes",
+    *(f"reward_model.rollout.{k}" for k in (
+        "data_parallel_size", "expert_parallel_size", "tensor_model_parallel_size", "max_num_batched_tokens",
+        "max_model_len", "max_num_seqs", "limit_images", "prompt_length", "response_length")),
+    "sandbox_fusion.max_concurrent", "sandbox_fusion.memory_limit_mb",
+})
+
+
+def _type_error(spec: dict, value: Any, key: str = "") -> Optional[str]:
+    """Why VALUE cannot be KEY's (SPEC's) value, or None. Lenient where verl is: null is
+    always let through (verl's own checks decide; -1 sentinels are whole numbers), and a few
+    int-defaulted keys verl takes as any number (FRACTIONAL_OK) take a float. A null-defaulted
+    count (NULL_DEFAULT_COUNTS) is held to a whole number as an int-typed key is."""
+    if value is None or _interpolated(value):
+        return None
+    count = key in NULL_DEFAULT_COUNTS
+    kind = "int" if count else spec["type"]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "bool" and not isinstance(value, bool):
+        return f"must be true or false, got {value!r}"
+    if kind in ("int", "float") and not number:
+        return f"must be a number, got {value!r}"
+    if kind == "int" and isinstance(value, float) and (count or whole_number_key(key, spec)):
+        return f"must be a whole number, got {value!r}"
+    if kind == "str" and isinstance(value, (dict, list)):
+        return f"must be a single value, got {value!r}"
+    return None
+
+
+def _enum_error(schema: Schema, key: str, value: Any) -> Optional[str]:
+    for k, items in ((key, [value]), (key + "[]", value if isinstance(value, list) else [])):
+        known = schema.enums.get(k)
+        for item in items if known else ():
+            if isinstance(item, str) and not _interpolated(item) and item not in known:
+                return f"{item!r} is not one verl {schema.version} knows ({', '.join(known)}){OWN}"
+    return None
+
+
+def _suggest(schema: Schema, key: str) -> str:
+    near = difflib.get_close_matches(key, schema.keys, n=3, cutoff=0.75)
+    if not near:  # the last part alone, among its section's keys ("total_epoch" in trainer)
+        parent, _, last = key.rpartition(".")
+        siblings = {k.rpartition(".")[2]: k for k in schema.keys if k.rpartition(".")[0] == parent}
+        near = [siblings[s] for s in difflib.get_close_matches(last, siblings, n=3, cutoff=0.6)]
+    return f": did you mean {' or '.join(near)}?" if near else ""
+
+
+def problem(schema: Schema, key: str, value: Any) -> Optional[str]:
+    """Why override KEY (as written: a `+` or `++` prefix included) = VALUE is wrong, or None."""
+    plain = key.lstrip("+")
+    add = key.startswith("+")
+    if "[" in plain:  # an item of a list (`trainer.logger[0]`): verl's own checks see it
+        return None
+    if plain in schema.keys:
+        spec = schema.keys[plain]
+        if spec.get("yaml", True) is False:  # a dataclass field verl reads that its YAML lacks
+            if not add:
+                return (f"is read by verl {schema.version} but not in its YAML config: add it with '+' "
+                        f"(+{plain}; Hydra refuses a key the YAML lacks without it)")
+        elif add and not key.startswith("++"):
+            return (f"is already a key of verl {schema.version}'s config: drop the '+' "
+                    "(Hydra refuses '+' for a key that exists)")
+        return _type_error(spec, value, plain) or _enum_error(schema, plain, value)
+    if plain in schema.sections:
+        if isinstance(value, dict) or value is None or schema.sections[plain]["open"]:
+            return None
+        return f"is a section of verl {schema.version}'s config, not a single value"
+    if schema.free_form(plain):
+        return None if add else ("is inside a free-form section of verl's config (handed on unread): "
+                                 "add it with '+' (Hydra refuses a new key without it)")
+    why = "a '+' adds it, but verl never reads it" if add else "verl's Hydra would refuse it"
+    return f"is not a key of verl {schema.version}'s config ({why}){_suggest(schema, plain) or OWN}"
+
+
+def top_sections(schema: Schema) -> set:
+    """The top-level names of verl's config (actor_rollout_ref, data, trainer, algorithm, ...)."""
+    return {k.split(".")[0] for k in (*schema.keys, *schema.sections)}
+
+
+def check(flat: Dict[str, Any], version: Optional[str], extra_keys=(), blame=lambda key: "recipe",
+          warn=None) -> str:
+    """Refuse (RecipeError) the first bad verl override in FLAT (key as written -> value);
+    return one line on what they were checked against.
+
+    WARN (a callable taking the RecipeError): a trainer of its own built on verl's config (a
+    verl recipe module such as recipe.dapo.main_dapo composes verl's ppo_trainer config and adds
+    keys of its own): each problem is handed to WARN instead of refused, and only keys under
+    verl's own top-level sections are looked at (the rest are the trainer's own)."""
+    schema, note = snapshot_for(version)
+    if schema is None:
+        return note
+    extra = tuple(k.lstrip("+") for k in extra_keys)
+    tops = top_sections(schema) if warn is not None else None
+    warned = 0
+    for key, value in flat.items():
+        plain = key.lstrip("+")
+        if any(plain == e or plain.startswith(e + ".") for e in extra):
+            continue
+        if tops is not None and plain.split(".")[0] not in tops:
+            continue
+        why = problem(schema, key, value)
+        if why:
+            error = RecipeError(why, where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}")
+            if warn is None:
+                raise error
+            warn(error)
+            warned += 1
+    if warn is not None:
+        return (f"checked as warnings only, against a snapshot of verl {schema.version}'s config{note}: "
+                f"{warned} warning(s){' (on stderr)' if warned else ''}; keys outside verl's sections are the "
+                "trainer's own, not checked")
+    return f"checked against a snapshot of verl {schema.version}'s config{note}"

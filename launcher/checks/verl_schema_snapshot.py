@@ -1,0 +1,211 @@
+"""Write the snapshot of verl's config that the launcher checks overrides against without verl.
+
+Run it with an interpreter that has the verl release to snapshot (a maintainer's step, once per
+verl release; the launcher itself never imports verl):
+
+    python -m launcher.checks.verl_schema_snapshot     # -> launcher/checks/verl_schemas/verl-<version>.json
+
+It composes verl's own `ppo_trainer` config and records every key with its default and type
+(from the dataclass behind its section where there is one, else from the default), which
+sections are free-form (any key goes: `override_config`, `engine_kwargs`, `ray_kwargs.ray_init`,
+...), and the values verl knows for a few keys (advantage estimators, policy-loss modes, rollout
+engines, loss aggregation modes, trackers), read from verl's registries and checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+import typing
+from pathlib import Path
+
+OUT_DIR = Path(__file__).with_name("verl_schemas")
+# Sections whose keys verl hands on unread (to vLLM, Ray, transformers, a profiler...).
+# (A section backed by a dataclass is closed whatever its name: val_kwargs is SamplingConfig.)
+OPEN_NAMES = re.compile(r"((?<!^ray)_kwargs|kw_args|^override_config|^runtime_env|^ray_init|_nsight_options)$")
+
+
+def compose():
+    import verl
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return verl.__version__, hydra_compose(config_name="ppo_trainer")
+
+
+def _type_of(hint) -> tuple:
+    """(type name, nullable) for a dataclass annotation; ("any", True) if it is not one of ours."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or str(origin) == "types.UnionType":
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return _type_of(rest[0])[0], True
+        return "any", True
+    names = {bool: "bool", int: "int", float: "float", str: "str"}
+    return names.get(hint, "any"), False
+
+
+def _value_type(value) -> str:
+    for t, name in ((bool, "bool"), (int, "int"), (float, "float")):
+        if isinstance(value, t):
+            return name
+    return "any"  # strings, lists, null: verl accepts more than the default shows (a list of files...)
+
+
+def _class_of(target):
+    """The class a section's `_target_` names, or None if it cannot load."""
+    if not target:
+        return None
+    module, _, name = target.rpartition(".")
+    try:
+        return getattr(__import__(module, fromlist=[name]), name)
+    except Exception:  # noqa: BLE001  (a section whose class cannot load: types from defaults)
+        return None
+
+
+def _hints(cls) -> dict:
+    try:
+        return typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _dataclass_in(hint):
+    """The dataclass a field holds (Optional[...] unwrapped), or None."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    for t in [hint, *args]:
+        if isinstance(t, type) and dataclasses.is_dataclass(t):
+            return t
+    return None
+
+
+def _field_default(field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        try:
+            return field.default_factory()  # type: ignore[misc]
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+def walk(cfg) -> tuple:
+    """Every key of verl's composed config, and every field of the dataclasses behind its
+    sections that the YAML does not list ("yaml": false): verl reads those too (e.g.
+    rollout.enable_sleep_mode), and an override sets them with `+`."""
+    from omegaconf import DictConfig, OmegaConf
+
+    keys, sections = {}, {}
+
+    def put(key, default, hint, yaml):
+        kind, nullable = _type_of(hint) if hint is not None else (_value_type(default), True)
+        # "annotation": the type is the dataclass field's; "default": guessed from the
+        # default (an int default may take a float: the launcher checks it loosely).
+        keys[key] = {"type": kind, "nullable": nullable or default is None,
+                     "from": "annotation" if hint is not None else "default",
+                     "default": default if isinstance(default, (bool, int, float, str, type(None))) else None}
+        if not yaml:
+            keys[key]["yaml"] = False
+
+    def fields_only(cls, prefix):
+        """A section's dataclass fields that its YAML lacks. Only single values: a whole
+        sub-config missing from the YAML (model_config, engine, ...) is one verl fills itself."""
+        hints = _hints(cls)
+        for f in dataclasses.fields(cls):
+            key = f"{prefix}{f.name}"
+            if not f.init or f.name.startswith("_") or key in keys or key in sections:
+                continue
+            if _dataclass_in(hints.get(f.name)) is None:
+                put(key, _field_default(f), hints.get(f.name), yaml=False)
+
+    def visit(node, prefix, cls):
+        hints = _hints(cls)
+        for k in node.keys():
+            key = f"{prefix}{k}"
+            child = node._get_node(k)
+            if isinstance(child, DictConfig):
+                target = child.get("_target_")
+                open_ = len(child) == 0 or (not target and bool(OPEN_NAMES.search(k)))
+                sections[key] = {"open": open_, "dataclass": target}
+                if not open_:
+                    visit(child, key + ".", _class_of(target))
+                continue
+            if k == "_target_":
+                continue
+            default = OmegaConf.to_container(child) if OmegaConf.is_config(child) else child._value()
+            put(key, default, hints.get(k), yaml=True)
+        if dataclasses.is_dataclass(cls):
+            fields_only(cls, prefix)
+
+    visit(cfg, "", None)
+    return keys, sections
+
+
+def enums() -> dict:
+    """The values verl knows for a few keys, from its own registries and checks."""
+    found = {}
+
+    def put(keys, values):
+        values = sorted({str(v) for v in values})
+        if values:
+            for k in keys:
+                found[k] = values
+
+    try:
+        from verl.trainer.ppo import core_algos
+
+        put(["algorithm.adv_estimator"], [*core_algos.ADV_ESTIMATOR_REGISTRY, *(e.value for e in core_algos.AdvantageEstimator)])
+        put(["actor_rollout_ref.actor.policy_loss.loss_mode"], core_algos.POLICY_LOSS_REGISTRY)
+    except Exception as e:  # noqa: BLE001
+        print(f"skipped advantage estimators / policy losses: {e}", file=sys.stderr)
+    try:
+        from verl.workers.rollout import base
+
+        put(["actor_rollout_ref.rollout.name"], {name for name, _ in base._ROLLOUT_REGISTRY})
+        put(["actor_rollout_ref.rollout.mode"], {mode for _, mode in base._ROLLOUT_REGISTRY})
+    except Exception as e:  # noqa: BLE001
+        print(f"skipped rollout engines: {e}", file=sys.stderr)
+    try:
+        import inspect
+
+        from verl.workers.config import actor
+
+        m = re.search(r"valid_loss_agg_modes\s*=\s*\[([^\]]*)\]", inspect.getsource(actor))
+        put(["actor_rollout_ref.actor.loss_agg_mode", "critic.loss_agg_mode"], re.findall(r"\"([^\"]+)\"", m.group(1)))
+    except Exception as e:  # noqa: BLE001
+        print(f"skipped loss aggregation modes: {e}", file=sys.stderr)
+    try:
+        from verl.utils.tracking import Tracking
+
+        put(["trainer.logger[]"], Tracking.supported_backend)
+    except Exception as e:  # noqa: BLE001
+        print(f"skipped trackers: {e}", file=sys.stderr)
+    put(["algorithm.kl_ctrl.type"], ["fixed", "adaptive"])  # core_algos.get_kl_controller's two branches
+    put(["trainer.resume_mode"], ["auto", "disable", "resume_path"])  # the trainer's _load_checkpoint
+    return found
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Snapshot verl's config for the launcher's checks (needs verl).")
+    ap.add_argument("--out", type=Path, default=OUT_DIR, help=f"directory (default {OUT_DIR})")
+    args = ap.parse_args(argv)
+    version, cfg = compose()
+    keys, sections = walk(cfg)
+    snap = {"verl_version": version, "generated_by": "python -m launcher.verl_schema_snapshot",
+            "keys": keys, "sections": sections, "enums": enums()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"verl-{version}.json"
+    path.write_text(json.dumps(snap, indent=0, sort_keys=True) + "\n")
+    print(f"{path}: {len(keys)} keys, {len(sections)} sections "
+          f"({sum(s['open'] for s in sections.values())} free-form), enums for {', '.join(sorted(snap['enums']))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
