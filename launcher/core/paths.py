@@ -43,12 +43,11 @@ class RunPaths:
     LOST_NODES = "lost-nodes.r{restart}.txt"  # the watchdog's nodes Ray lost while the driver ran
     WANDB_EXIT = "wandb-exit.r{restart}.txt"  # the job's exit code, for each node's W&B service (templates/wandb_service.py)
     WANDB_LOG = "wandb-service.r{restart}.log"  # what each node's W&B service says (templates/wandb_service.py)
-    WEAVE_LOG = "weave-sender.r{restart}.log"  # what each node's Weave sender says (templates/weave_sender.py)
     # The allocation check's token, written in the run dir (and the checkpoint dir) and read on
     # every node (templates/check_node.py), removed once read.
     CHECK_TOKEN = ".verl-launch-check-{job}.r{restart}"
     PER_RESTART = (HEAD_LOG, WORKER_LOG, WORKERS_SRUN, DRIVER_LOG, RAY_STATE, VERDICT, ENGINE_DIED,
-                   LOST_NODES, CHECK_TOKEN, WANDB_EXIT, WANDB_LOG, WEAVE_LOG)
+                   LOST_NODES, CHECK_TOKEN, WANDB_EXIT, WANDB_LOG)
     RUN_DIR_FILES = (STDOUT, CHECK_TOKEN)  # in the run directory itself, not under LOGS
     # What the job script calls each field (templates/job/prologue.sh.j2 sets them).
     JOB_FIELDS = (("restart", "$RESTART"), ("job", "$JOB_ID"))

@@ -79,7 +79,6 @@ class Plan:
     reach_timeout: float  # the in-job W&B reachability check's (0: none)
     wandb_env: Tuple[Tuple[str, str], ...]  # W&B settings every node exports (never the key)
     wandb_service: bool  # verl logs to W&B: each node runs wandb's service for Ray (templates/wandb_service.py)
-    weave_sender: bool  # verl traces to Weave: each node sends Ray's trace records (templates/weave_sender.py)
     wandb_host: Optional[str]
     container_args: Tuple[str, ...]
     port_slots: int  # how many jobs' port blocks fit in cluster.port_range
@@ -128,7 +127,6 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
         reach_timeout=r.wandb.reach_timeout if needs_key(r) else 0,
         wandb_env=tuple(wandb_env(r)),
         wandb_service=r.wandb.enabled,
-        weave_sender=r.trace.backend == "weave",
         wandb_host=wandb_host(r),
         container_args=tuple(container_args(r)),
         port_slots=port_slots(r),

@@ -68,7 +68,6 @@ def render(p: Plan) -> str:
         resume_check=_resume_check(p), checkpoints_py=_embedded("checkpoints.py", Path(__file__).parent.parent / "base"),
         wandb_service=p.wandb_service, wandb_finish_timeout=p.recipe.wandb.finish_timeout,
         wandb_service_py=_embedded("wandb_service.py"),
-        weave_sender=p.weave_sender, weave_sender_py=_embedded("weave_sender.py"),
     )
     return _env().get_template(TEMPLATE).render(ctx)
 
