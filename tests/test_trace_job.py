@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 
-from conftest import RECIPES, submit_json
+import launcher
+from conftest import RECIPES, as_process_env, submit_json
 from sandbox_procs import job_processes
 from wandb_standin import StandIn
 
@@ -96,7 +97,7 @@ def test_an_unanswering_wandb_fails_the_job_fast_and_says_why(cli, sandbox, clea
 
 
 def test_an_unanswering_wandb_can_disable_tracing_instead_and_sync_sends_the_metrics_later(
-        cli, sandbox, clean_env, tmp_path, wandb_key):
+        cli, sandbox, clean_env, tmp_path, wandb_key, monkeypatch):
     """W&B silent at the job's start: tracing is disabled and verl's W&B metrics stay offline in the
     run directory, complete (the node's W&B service finished them). Once W&B answers (here: the
     stand-in, up on the same address), `sync` sends them, once: a second sync sends nothing. While
@@ -140,6 +141,10 @@ def test_an_unanswering_wandb_can_disable_tracing_instead_and_sync_sends_the_met
         again = cli("sync", job, env=env)
         assert again.returncode == 0 and "nothing new to send" in again.stdout, again.stdout + again.stderr
         assert len(w.requests) == asked and len(run["history"]) == STEPS  # nothing sent twice
+        as_process_env(monkeypatch, env)  # the Python API itself says the same (the CLI prints it)
+        assert launcher.Run(job, info["run_dir"]).sync() == \
+            {"run_id": json.loads(sent.stdout)["run_id"], "synced": [], "already": [str(offline[0])]}
+        assert len(w.requests) == asked
     assert "W&B sync" not in cli("status", job, env=env).stdout
     for f in Path(info["run_dir"]).rglob("*"):  # wandb's files included: the key is in none
         assert not f.is_file() or wandb_key.encode() not in f.read_bytes(), f
