@@ -31,7 +31,7 @@ gcs, state_file, reason_file, nodes_file, driver_log = sys.argv[1:6]
 pending_timeout, lost_file, stall_timeout, engine_file = float(sys.argv[6]), *sys.argv[7:10]
 poll = float(sys.argv[10]) if len(sys.argv) > 10 else 2.0
 EVIDENCE_GRACE = 20  # s: a driver that fails of the death itself says better why
-STALL_FLOOR, STALL_STEPS = 1800, 10  # "auto" (launcher/checks/values.py says the same to users)
+STALL_FLOOR, STALL_STEPS = 1800, 10  # "auto" (launcher/checks/fields.py says the same to users)
 hosts = {}
 with open(nodes_file) as f:
     for line in f:

@@ -70,10 +70,11 @@ CASES = [
          overrides=["verl.overrides.trainer.nnodes=3"], where=CMDLINE),
     Case("derived-nnodes-plus-override", key="verl.overrides.trainer.nnodes",
          overrides=["+verl.overrides.trainer.nnodes=3"], where=CMDLINE),
-    Case("derived-logger", key="verl.overrides.trainer.logger",
-         edit=_set("verl.overrides", {**BASE["verl"]["overrides"], "trainer.logger": ["console"]})),
-    Case("derived-logger-override", key="verl.overrides.trainer.logger",
-         overrides=["+verl.overrides.trainer.logger=[console,tensorboard]"], where=CMDLINE),
+    # trainer.logger keeps the recipe's own loggers (wandb follows wandb.enabled): one verl lacks is refused
+    Case("unknown-logger", key="verl.overrides.trainer.logger", overrides=[VERL],
+         edit=_set("verl.overrides", {**BASE["verl"]["overrides"], "trainer.logger": ["console", "tensorbaord"]})),
+    Case("unknown-logger-override", key="verl.overrides.trainer.logger",
+         overrides=[VERL, "+verl.overrides.trainer.logger=[console,tensorbaord]"], where=CMDLINE),
     Case("missing-recipe-file", key="not found", create=False),
     Case("not-yaml", key=".yaml", name="recipe.yml"),
     Case("missing-cluster-profile", key="cluster/nope", edit=_set("defaults", [{"cluster": "nope"}, "_self_"])),
@@ -108,7 +109,7 @@ CASES = [
     Case("verl-sweep-override", key="verl.overrides.data.seed", overrides=["verl.overrides.data.seed=1,2"],
          where=CMDLINE),
     Case("verl-unwritable-dict-key", key="verl.overrides.data.items",
-         edit=_set("verl.overrides", {**BASE["verl"]["overrides"], "data.items": [{"a b": 1}]})),
+         edit=_set("verl.overrides", {**BASE["verl"]["overrides"], "data.items": [{"it's": 1}]})),
     Case("sbatch-arg-prefix", key="cluster.sbatch_args[0]", overrides=["cluster.sbatch_args=['--outp=/tmp/x']"],
          where=CMDLINE),
     Case("sbatch-arg-export", key="cluster.sbatch_args[0]", edit=_set("cluster.sbatch_args", ["--export=NONE"])),
@@ -178,7 +179,16 @@ CASES = [
         ("free-form-without-plus", "verl.overrides.actor_rollout_ref.model.override_config.attention_dropout", "file",
          _set("verl.overrides", {**BASE["verl"]["overrides"],
                                  "actor_rollout_ref.model.override_config": {"attention_dropout": 0.0}}), []),
+        # the composition the line asks for: an engine verl does not ship, a key another engine has
+        ("unknown-engine", "verl.overrides.model_engine", CMDLINE, None, ["verl.overrides.model_engine=megatorn"]),
+        ("key-of-another-engine", "verl.overrides.actor_rollout_ref.actor.megatron.tensor_model_parallel_size", CMDLINE,
+         None, ["verl.overrides.actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"]),
+        ("dict-field-without-plus", "verl.overrides.actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype",
+         CMDLINE, None, ["verl.overrides.actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype=bf16"]),
     ]],
+    Case("config-name-a-path-out", key="verl.config_name", overrides=["verl.config_name=../x"], where=CMDLINE),
+    Case("config-name-spaces", key="verl.config_name", edit=_set("verl.config_name", "ppo trainer")),
+    Case("config-path-relative", key="verl.config_path", overrides=["verl.config_path=recipe/config"], where=CMDLINE),
 ]
 
 

@@ -49,6 +49,29 @@ def test_snapshot_shape():
     assert sleep["yaml"] is False and sleep["type"] == "bool" and sleep["default"] is True
     assert "yaml" not in SCHEMA.keys["actor_rollout_ref.rollout.free_cache_engine"]
     assert sum(k.get("yaml") is False for k in SCHEMA.keys.values()) > 150
+    # Keys verl's YAML has inside a free-form section are keys (set without '+').
+    assert "ray_kwargs.ray_init.runtime_env.py_executable" in SCHEMA.keys
+    # A dataclass field typed as a dict is free-form, whatever its name.
+    for open_ in ("actor_rollout_ref.actor.fsdp_config.mixed_precision", "distillation.teacher_models"):
+        assert SCHEMA.sections[open_]["open"], open_
+
+
+def test_snapshot_knows_every_config_name_and_group_option_verl_ships():
+    """Every PPO config verl 0.9.1 ships in verl/trainer/config, each option of the groups a
+    command line chooses, and each composition of the two, read off verl's own Hydra."""
+    assert {"ppo_trainer", "ppo_megatron_trainer"} <= set(SCHEMA.configs)
+    for name in ("ppo_trainer", "ppo_megatron_trainer"):
+        engine = SCHEMA.configs[name]["groups"]["model_engine"]
+        assert engine["options"] == ["dp", "megatron", "torchtitan", "veomni"]
+        for option in engine["options"]:
+            composed = SCHEMA.composed(name, {"model_engine": option})
+            assert composed.keys["model_engine"]["default"] == option
+            assert ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size" in composed.keys) == \
+                (option == "megatron"), (name, option)
+    assert SCHEMA.configs["ppo_megatron_trainer"]["groups"]["model_engine"]["default"] == "megatron"
+    assert SCHEMA.configs["ppo_trainer"]["groups"]["model_engine"]["default"] == "dp"
+    assert "veomni" in SCHEMA.composed("ppo_trainer", {"model_engine": "veomni"}).sections["actor_rollout_ref.actor"]["dataclass"].lower() \
+        or "actor_rollout_ref.actor.veomni" in SCHEMA.composed("ppo_trainer", {"model_engine": "veomni"}).sections
 
 
 def test_versions_without_their_own_snapshot():
@@ -95,6 +118,23 @@ def test_versions_without_their_own_snapshot():
     ("actor_rollout_ref.rollout.enable_sleep_mode", False, "add it with '+'"),
     ("+actor_rollout_ref.rollout.enable_sleep_mode", "no", "must be true or false"),
     ("+actor_rollout_ref.rollout.enable_sleep_mod", False, "did you mean actor_rollout_ref.rollout.enable_sleep_mode"),
+    # Classes of verl's own example command lines that verl runs (issue 53): never refused.
+    # A key verl's YAML has inside a free-form section is set without '+', as Hydra allows.
+    ("ray_kwargs.ray_init.runtime_env.py_executable", "uv run --extra vllm", None),
+    ("+data.gen_batch_size", 4, None),  # Hydra takes '+' for a key whose value is null
+    ("+data.train_files", ["/a.parquet"], None),  # ... or for a list or dict value
+    # A dict field of verl's dataclasses (FSDPEngineConfig.mixed_precision, .turbo_config)
+    ("+actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype", "bf16", None),
+    ("actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype", "bf16", "add it with '+'"),
+    ("+actor_rollout_ref.actor.fsdp_config.turbo_config.memory.recompute", True, None),
+    ("actor_rollout_ref.actor.fsdp_config.turbo_config.distributed.ulysses_parallel_size", 1, None),
+    ("+distillation.teacher_models.gsm8k.inference.name", "vllm", None),  # a map of teachers
+    ("distillation.teacher_models.teacher_model.model_path", "Qwen/Qwen3-32B", None),
+    # a name verl's code reads (the DAPO reward's config.reward.get("reward_kwargs"))
+    ("+reward_model.reward_kwargs.overlong_buffer_cfg.enable", True, None),
+    # a name verl's code never names: said, not refused (verl runs it; it does nothing)
+    ("+trainer.use_legacy_worker_impl", "disable", "nothing reads it"),
+    ("trainer.use_legacy_worker_impl", "disable", "verl's Hydra would refuse it"),
 ])
 def test_problem(key, value, expect):
     got = problem(SCHEMA, key, value)
@@ -102,15 +142,58 @@ def test_problem(key, value, expect):
         assert got is None, got
     else:
         assert got and expect in got, got
+    # Only a `+key` that nothing in verl names is said rather than refused.
+    assert isinstance(got, verl_schema.Note) == (expect == "nothing reads it"), (key, got)
 
 
 def test_extra_keys_leave_a_forks_keys_to_verl():
-    flat = {"+myfork.reward.scale": 2, "+trainer.my_flag": True}
+    flat = {"+myfork.reward.scale": 2, "+trainer.my_flag": True, "+trainer.total_epoch": 2}
+    notes = []
+    with pytest.raises(RecipeError) as e:  # a misspelling of verl's key is refused
+        verl_schema.check(flat, "0.9.1", note=notes.append)
+    assert e.value.key == "verl.overrides.trainer.total_epoch" and "did you mean" in str(e.value)
+    assert [n.key for n in notes] == ["verl.overrides.myfork.reward.scale", "verl.overrides.trainer.my_flag"]
+    assert all(n.note and "verl.extra_keys" in str(n) for n in notes)
+    notes.clear()
+    line = verl_schema.check(flat, "0.9.1", ["myfork", "trainer.my_flag", "trainer.total_epoch"], note=notes.append)
+    assert "verl 0.9.1" in line and notes == []
+
+
+MEGATRON_TP = "actor_rollout_ref.actor.megatron.tensor_model_parallel_size"
+
+
+def test_the_composition_the_command_line_asks_for_is_the_one_checked():
+    """A config name verl ships and the groups the overrides choose (`model_engine`) compose the
+    config the keys are checked against, as verl's Hydra composes it."""
+    with pytest.raises(RecipeError) as e:  # dp's actor has no megatron section
+        verl_schema.check({MEGATRON_TP: 2}, "0.9.1")
+    assert e.value.key == f"verl.overrides.{MEGATRON_TP}"
+    line = verl_schema.check({"model_engine": "megatron", MEGATRON_TP: 2}, "0.9.1")
+    assert "as composed for ppo_trainer model_engine=megatron" in line
+    line = verl_schema.check({MEGATRON_TP: 2}, "0.9.1", config_name="ppo_megatron_trainer")
+    assert "ppo_megatron_trainer" in line
+    line = verl_schema.check({"model_engine": "veomni", "actor_rollout_ref.actor.veomni.fsdp_size": -1}, "0.9.1",
+                             config_name="ppo_megatron_trainer.yaml")
+    assert "ppo_megatron_trainer model_engine=veomni" in line
+    # A key the chosen composition lacks, with verl's nearest keys
     with pytest.raises(RecipeError) as e:
-        verl_schema.check(flat, "0.9.1")
-    assert e.value.key == "verl.overrides.myfork.reward.scale" and "verl.extra_keys" in str(e.value)
-    line = verl_schema.check(flat, "0.9.1", ["myfork", "trainer.my_flag"])
-    assert "verl 0.9.1" in line
+        verl_schema.check({"model_engine": "megatron", "actor_rollout_ref.actor.megatron.grad_offload": True}, "0.9.1")
+    assert "did you mean actor_rollout_ref.actor.megatron.param_offload" in str(e.value)
+    # An option verl does not ship: refused, naming those it does
+    with pytest.raises(RecipeError) as e:
+        verl_schema.check({"model_engine": "megatorn"}, "0.9.1")
+    assert e.value.key == "verl.overrides.model_engine" and "dp, megatron, torchtitan, veomni" in str(e.value)
+
+
+@pytest.mark.parametrize("kwargs,flat,why", [
+    ({"config_name": "my_trainer"}, {}, "config name 'my_trainer' is not one verl 0.9.1 ships"),
+    ({"config_path": "/opt/recipe/config"}, {}, "config folder of its own"),
+    ({}, {"actor@actor_rollout_ref.actor": "megatron_actor"}, "chooses a config group by its package"),
+])
+def test_a_composition_the_snapshot_cannot_know_is_not_checked(kwargs, flat, why):
+    """Never refused on a guess: the line says why, and verl's preflight decides."""
+    line = verl_schema.check({**flat, "trainer.total_epochz": 1}, "0.9.1", **kwargs)
+    assert line.startswith("not checked:") and why in line and "preflight" in line
 
 
 def _check(cli, *args, env):

@@ -16,7 +16,7 @@ Line = Tuple[str, str]  # (label, text); a label "WARNING" is a warning
 
 def hours(limit: Optional[str]) -> Optional[float]:
     """A Slurm time limit in hours; None if unset, unlimited (0 included) or unreadable."""
-    from ..checks.values import _seconds
+    from ..checks.fields import _seconds
 
     secs = _seconds((limit or "").strip() or None)
     return None if secs is None else secs / 3600

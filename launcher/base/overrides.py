@@ -16,6 +16,19 @@ if TYPE_CHECKING:
     from .schema import Recipe
 
 TRACE = "actor_rollout_ref.rollout.trace"
+LOGGER = "trainer.logger"
+# Derived keys the recipe's own value goes into, rather than contradicting them.
+MERGED = frozenset({LOGGER})
+
+
+def loggers(r: Recipe) -> List[str]:
+    """verl's trainer.logger: the recipe's own loggers (tensorboard, file, mlflow...) kept in their
+    order, `console` always (the job reads its training steps from it), and `wandb` exactly when
+    wandb.enabled."""
+    given = next((v for k, v in flatten(r.verl.overrides).items() if _plain(k) == LOGGER), None)
+    items = [given] if isinstance(given, str) else list(given or [])
+    items = ["console"] + [str(x) for x in items if x not in ("console", "wandb")]
+    return items + ["wandb"] if r.wandb.enabled else items
 
 
 def derived(r: Recipe) -> Dict[str, Tuple]:
@@ -31,7 +44,7 @@ def derived(r: Recipe) -> Dict[str, Tuple]:
     if r.wandb.project:
         d["trainer.project_name"] = (r.wandb.project, "wandb.project")
     d["trainer.experiment_name"] = (r.experiment, "wandb.experiment")
-    d["trainer.logger"] = (["console", "wandb"] if r.wandb.enabled else ["console"], "wandb.enabled")
+    d[LOGGER] = (loggers(r), "wandb.enabled")
     if r.cluster.requeue:  # a restarted job continues from its latest checkpoint
         d["trainer.resume_mode"] = ("auto", "cluster.requeue")
     from .verl_versions import rules_for
@@ -50,7 +63,9 @@ def flatten(overrides: Dict[str, Any], blame=lambda key: "recipe") -> Dict[str, 
     def walk(d: Dict[str, Any], prefix: str) -> None:
         for k, v in d.items():
             key = f"{prefix}{k}"
-            if isinstance(v, dict) and v:
+            # A mapping of keys that name config keys is a section; one whose keys could not (a
+            # module pattern `model.layers.{*}`) is a dict value verl gets whole.
+            if isinstance(v, dict) and v and all(_SECTION_KEY.fullmatch(str(x)) for x in v):
                 walk(v, key + ".")
             elif _plain(key) in {_plain(x) for x in flat}:
                 raise RecipeError("set twice (nested and dotted)", where=blame(f"verl.overrides.{key}"),
@@ -93,17 +108,29 @@ def _plain(key: str) -> str:
     return key.lstrip("+")
 
 
+CONFIG_OPTIONS = ("--config-path=", "--config-name=")  # Hydra's own options, before the overrides
+
+
+def config_options(r: Recipe) -> List[str]:
+    """Hydra's options for the entrypoint: which config it composes (verl.config_name/_path)."""
+    return [f"{opt}{value}" for opt, value in zip(CONFIG_OPTIONS, (r.verl.config_path, r.verl.config_name))
+            if value is not None]
+
+
 def verl_args(r: Recipe, blame=lambda key: "recipe") -> List[str]:
-    """The full, ordered verl override list: the recipe's own, then the derived ones."""
+    """verl's full, ordered command line: Hydra's config options, the recipe's own overrides,
+    then the derived ones."""
     user = flatten(r.verl.overrides, blame)
     der = derived(r)
-    args = []
+    args = config_options(r)
     for key, value in user.items():
         plain = _plain(key)
         try:
             text = hydra_value(value)
         except ValueError as e:
             raise RecipeError(str(e), where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}") from None
+        if plain in MERGED:
+            continue  # the derived value holds the recipe's own (loggers())
         if plain in der:
             want, field, *why = der[plain]
             if text != hydra_value(want):
@@ -122,7 +149,11 @@ def verl_args(r: Recipe, blame=lambda key: "recipe") -> List[str]:
 # ----------------------------------------------------------------------------- Hydra grammar
 _BARE = re.compile(r"^[A-Za-z_/][A-Za-z0-9_./-]*$")
 _KEYWORDS = {"null", "true", "false", "inf", "nan", "infinity"}
-_DICT_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_SECTION_KEY = re.compile(r"\+{0,2}[A-Za-z_][\w-]*(\.[A-Za-z_0-9][\w-]*)*")
+# Hydra's grammar for a dict key: letters, digits and /-+.$%*@?|_ as they are; ()[]{}:=, space,
+# tab and backslash escaped with a backslash; nothing else (no quotes).
+_DICT_KEY = re.compile(r"[\w/\-+.$%*@?|()\[\]{}:=, \t\\]+")
+_DICT_KEY_ESCAPE = re.compile(r"([()\[\]{}:=, \t\\])")
 
 
 def hydra_value(v: Any) -> str:
@@ -145,11 +176,15 @@ def hydra_value(v: Any) -> str:
         bad = [k for k in v if not _DICT_KEY.fullmatch(str(k))]
         if bad:  # Hydra's grammar has no quoted dict keys
             raise ValueError(f"dict key {bad[0]!r} cannot be written in Hydra's override grammar")
-        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
+        return "{" + ",".join(_dict_key(k) + ":" + hydra_value(x) for k, x in v.items()) + "}"
     s = str(v)
     if _BARE.fullmatch(s) and s.lower() not in _KEYWORDS:
         return s  # reads back as the same string unquoted: keep the command line legible
     return _quote(_no_interpolation(s))
+
+
+def _dict_key(k: Any) -> str:
+    return _DICT_KEY_ESCAPE.sub(r"\\\1", str(k))
 
 
 _INTERP = re.compile(r"(\\*)\$\{")

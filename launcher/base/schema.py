@@ -107,6 +107,10 @@ class Trace:
 class Verl:
     version: Optional[str] = None  # the verl the job runs, e.g. "0.9.1"; null: the newest known
     entrypoint: str = "verl.trainer.main_ppo"
+    # Hydra's --config-name and --config-path for the entrypoint (null: its own default, verl's
+    # ppo_trainer): ppo_megatron_trainer, or a recipe module's own config in its own folder.
+    config_name: Optional[str] = None
+    config_path: Optional[str] = None  # absolute: the folder the config name is looked up in
     overrides: Dict[str, Any] = field(default_factory=dict)
     # Keys (or sections) of your own verl build that verl's config snapshot does not know:
     # the launcher's key check leaves them to verl.

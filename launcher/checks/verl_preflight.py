@@ -52,18 +52,37 @@ def main() -> int:
     version = getattr(verl, "__version__", "unknown")
     from hydra import compose, initialize_config_dir
 
-    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
-    with initialize_config_dir(config_dir=config_dir, version_base=None):
-        def full(overrides):
-            return compose(config_name="ppo_trainer", overrides=overrides)
+    verl_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    asks = {}  # (config folder, config name) -> [(index, overrides)]
+    for i, point in enumerate(points):
+        config_dir, name, overrides = options(point, verl_dir)
+        asks.setdefault((config_dir, name), []).append((i, overrides))
+    for (config_dir, name), some in asks.items():
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            def full(overrides):
+                return compose(config_name=name, overrides=overrides)
 
-        fast = shared_base(full, points, config_dir)
-        for i, overrides in enumerate(points):
-            result = check(fast, overrides) if fast else None
-            if result is None or not result["ok"]:  # verl's exact words come from the full composition
-                result = check(full, overrides)
-            emit(index=i, verl_version=version, **result)
+            fast = shared_base(full, [o for _, o in some], config_dir)
+            for i, overrides in some:
+                result = check(fast, overrides) if fast else None
+                if result is None or not result["ok"]:  # verl's exact words come from the full composition
+                    result = check(full, overrides)
+                emit(index=i, verl_version=version, **result)
     return 0
+
+
+def options(point, verl_dir):
+    """(config folder, config name, overrides) of one command line: Hydra's --config-path and
+    --config-name (verl.config_path/_name) come first, as the launcher writes them."""
+    config_dir, name = verl_dir, "ppo_trainer"
+    overrides = list(point)
+    while overrides and overrides[0].startswith(("--config-path=", "--config-name=")):
+        option, _, value = overrides.pop(0).partition("=")
+        if option == "--config-path":
+            config_dir = value
+        else:
+            name = value[:-len(".yaml")] if value.endswith(".yaml") else value
+    return config_dir, name, overrides
 
 
 def shared_base(full, points, config_dir):

@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
@@ -32,23 +32,98 @@ SNAPSHOTS = Path(__file__).with_name("verl_schemas")
 OWN = "; if your own verl build has it, list the key in verl.extra_keys"
 
 
-@dataclass(frozen=True)
+BASE = "ppo_trainer"  # the config verl's main_ppo composes unless told otherwise
+
+
+def variant_id(config_name: str, choices: Dict[str, str]) -> str:
+    """The name of one composition of verl's config: its config name and the group options
+    chosen on the command line (`ppo_trainer model_engine=megatron`)."""
+    return " ".join([config_name, *(f"{g}={o}" for g, o in sorted(choices.items()))])
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: one per snapshot, compositions cached
 class Schema:
     version: str  # the verl release the snapshot was taken from
-    keys: Dict[str, dict]  # dotted key -> {type, nullable, from, default}
+    keys: Dict[str, dict]  # dotted key -> {type, nullable, from, default[, yaml, add]}
     sections: Dict[str, dict]  # dotted section -> {open, dataclass}
     enums: Dict[str, list]  # dotted key (key[] for a list's items) -> known values
+    configs: Dict[str, dict] = field(default_factory=dict)  # config name -> {groups: {group: {default, options}}}
+    variants: Dict[str, dict] = field(default_factory=dict)  # variant_id -> its difference from ppo_trainer's
+    names: frozenset = frozenset()  # every attribute or key name verl's own code reads
+    name: str = BASE  # which composition this is (variant_id)
 
     def free_form(self, key: str) -> bool:
         """KEY lies inside a section whose keys verl hands on unread."""
         parts = key.split(".")
         return any(self.sections.get(".".join(parts[:i]), {}).get("open") for i in range(1, len(parts)))
 
+    def composed(self, config_name: str, choices: Dict[str, str]) -> "Schema":
+        """The config verl composes for CONFIG_NAME with the group options CHOICES (both known
+        to the snapshot: see `compositions`)."""
+        groups = self.configs[config_name]["groups"]
+        own = {g: o for g, o in choices.items() if o != groups[g]["default"]}
+        return _variant(self, variant_id(config_name, own))
+
+
+@functools.lru_cache(maxsize=None)
+def _variant(schema: Schema, vid: str) -> Schema:
+    if vid == BASE:
+        return schema
+    diff = schema.variants[vid]
+
+    def apply(base: dict, d: dict) -> dict:
+        out = {k: v for k, v in base.items() if k not in set(d["drop"])}
+        out.update(d["add"])
+        return out
+
+    return replace(schema, keys=apply(schema.keys, diff["keys"]), sections=apply(schema.sections, diff["sections"]),
+                   name=vid)
+
 
 @functools.lru_cache(maxsize=None)
 def _read(path: Path) -> Schema:
     snap = json.loads(path.read_text())
-    return Schema(snap["verl_version"], snap["keys"], snap["sections"], snap["enums"])
+    return Schema(snap["verl_version"], snap["keys"], snap["sections"], snap["enums"],
+                  snap.get("configs", {BASE: {"groups": {}}}), snap.get("variants", {}),
+                  frozenset(snap.get("names", ())))
+
+
+class NotChecked(Exception):
+    """The snapshot cannot know the config verl will compose: verl's preflight decides."""
+
+
+class UnknownOption(Exception):
+    def __init__(self, key: str, why: str):
+        super().__init__(why)
+        self.key, self.why = key, why
+
+
+def compositions(schema: Schema, config_name: Optional[str], config_path: Optional[str],
+                 flat: Dict[str, Any]) -> Tuple[Schema, set]:
+    """The composition of verl's config the job's command line asks for: the config name and the
+    groups its overrides choose (`model_engine: megatron`). Returns it and the override keys
+    that chose a group (not keys of the config). A group option verl does not ship raises
+    UnknownOption; a composition the snapshot cannot know, NotChecked."""
+    name = (config_name or BASE).removesuffix(".yaml")
+    if config_path:
+        raise NotChecked(f"verl.config_path {config_path} is a config folder of its own")
+    if name not in schema.configs:
+        raise NotChecked(f"config name {name!r} is not one verl {schema.version} ships "
+                         f"({', '.join(schema.configs)})")
+    groups = schema.configs[name]["groups"]
+    choices, chose = {}, set()
+    for key, value in flat.items():
+        plain = key.lstrip("+")
+        if "@" in plain or "/" in plain:  # actor@actor_rollout_ref.actor=megatron_actor
+            raise NotChecked(f"{plain} chooses a config group by its package, which the snapshot has not composed")
+        if plain in groups:
+            if str(value) not in groups[plain]["options"]:
+                raise UnknownOption(plain, f"{value!r} is not an option verl {schema.version} ships for the config "
+                                           f"group {plain} ({', '.join(groups[plain]['options'])}): verl's Hydra "
+                                           "would refuse it")
+            choices[plain] = str(value)
+            chose.add(key)
+    return schema.composed(name, choices), chose
 
 
 def snapshot_for(version: Optional[str]) -> Tuple[Optional[Schema], str]:
@@ -173,19 +248,44 @@ def problem(schema: Schema, key: str, value: Any) -> Optional[str]:
             if not add:
                 return (f"is read by verl {schema.version} but not in its YAML config: add it with '+' "
                         f"(+{plain}; Hydra refuses a key the YAML lacks without it)")
-        elif add and not key.startswith("++"):
+        elif add and not key.startswith("++") and not spec.get("add") and not isinstance(value, (dict, list)):
             return (f"is already a key of verl {schema.version}'s config: drop the '+' "
                     "(Hydra refuses '+' for a key that exists)")
         return _type_error(spec, value, plain) or _enum_error(schema, plain, value)
     if plain in schema.sections:
-        if isinstance(value, dict) or value is None or schema.sections[plain]["open"]:
+        section = schema.sections[plain]
+        if section.get("yaml", True) is False and not add:
+            return (f"is read by verl {schema.version} but not in its YAML config: add it with '+' "
+                    f"(+{plain}; Hydra refuses a key the YAML lacks without it)")
+        if isinstance(value, dict) or value is None or section["open"]:
             return None
         return f"is a section of verl {schema.version}'s config, not a single value"
     if schema.free_form(plain):
         return None if add else ("is inside a free-form section of verl's config (handed on unread): "
                                  "add it with '+' (Hydra refuses a new key without it)")
-    why = "a '+' adds it, but verl never reads it" if add else "verl's Hydra would refuse it"
-    return f"is not a key of verl {schema.version}'s config ({why}){_suggest(schema, plain) or OWN}"
+    if not add:
+        return f"is not a key of verl {schema.version}'s config (verl's Hydra would refuse it){_suggest(schema, plain) or OWN}"
+    new = _first_new(schema, plain)
+    if new in schema.names:  # verl's code reads a key of that name (`.get("reward_kwargs")`)
+        return None
+    near = _suggest(schema, plain)
+    if near:  # a misspelling of a key verl has: the run would quietly not have it
+        return f"is not a key of verl {schema.version}'s config (a '+' adds it, but verl never reads it){near}"
+    return Note(f"is not a key of verl {schema.version}'s config, and verl's code never names {new!r}: a '+' adds "
+                f"it, and nothing reads it, unless your verl build does (then list it in verl.extra_keys)")
+
+
+class Note(str):
+    """A problem that is said, not refused: verl runs the override, and it likely does nothing."""
+
+
+def _first_new(schema: Schema, plain: str) -> str:
+    """The first part of dotted PLAIN that verl's config does not have."""
+    parts = plain.split(".")
+    for i in range(1, len(parts)):
+        if ".".join(parts[:i]) not in schema.sections:
+            return parts[i - 1]
+    return parts[-1]
 
 
 def top_sections(schema: Schema) -> set:
@@ -194,17 +294,28 @@ def top_sections(schema: Schema) -> set:
 
 
 def check(flat: Dict[str, Any], version: Optional[str], extra_keys=(), blame=lambda key: "recipe",
-          warn=None) -> str:
+          warn=None, config_name: Optional[str] = None, config_path: Optional[str] = None, note=None) -> str:
     """Refuse (RecipeError) the first bad verl override in FLAT (key as written -> value);
-    return one line on what they were checked against.
+    return one line on what they were checked against: the composition verl makes of
+    CONFIG_NAME (None: ppo_trainer) and the groups FLAT chooses. One the snapshot cannot know
+    (CONFIG_PATH, a config name verl does not ship) is not checked, and the line says why.
+    NOTE (a callable taking the RecipeError): where a problem that verl runs through goes (a
+    `+key` that nothing in verl names; its .note is true): said, never refused.
 
     WARN (a callable taking the RecipeError): a trainer of its own built on verl's config (a
     verl recipe module such as recipe.dapo.main_dapo composes verl's ppo_trainer config and adds
     keys of its own): each problem is handed to WARN instead of refused, and only keys under
     verl's own top-level sections are looked at (the rest are the trainer's own)."""
-    schema, note = snapshot_for(version)
+    schema, nearest = snapshot_for(version)
     if schema is None:
-        return note
+        return nearest
+    try:
+        schema, chose = compositions(schema, config_name, config_path, flat)
+    except NotChecked as e:
+        return f"not checked: {e}; verl's own checks (preflight) decide"
+    except UnknownOption as e:
+        raise RecipeError(e.why, where=blame(f"verl.overrides.{e.key}"), key=f"verl.overrides.{e.key}") from None
+    flat = {k: v for k, v in flat.items() if k not in chose}
     extra = tuple(k.lstrip("+") for k in extra_keys)
     tops = top_sections(schema) if warn is not None else None
     warned = 0
@@ -217,12 +328,15 @@ def check(flat: Dict[str, Any], version: Optional[str], extra_keys=(), blame=lam
         why = problem(schema, key, value)
         if why:
             error = RecipeError(why, where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}")
-            if warn is None:
+            error.note = isinstance(why, Note)
+            if warn is None and not error.note:
                 raise error
-            warn(error)
+            if warn is not None or note is not None:
+                (warn or note)(error)
             warned += 1
     if warn is not None:
-        return (f"checked as warnings only, against a snapshot of verl {schema.version}'s config{note}: "
+        return (f"checked as warnings only, against a snapshot of verl {schema.version}'s config{nearest}: "
                 f"{warned} warning(s){' (on stderr)' if warned else ''}; keys outside verl's sections are the "
                 "trainer's own, not checked")
-    return f"checked against a snapshot of verl {schema.version}'s config{note}"
+    what = "" if schema.name == BASE else f" as composed for {schema.name}"
+    return f"checked against a snapshot of verl {schema.version}'s config{what}{nearest}"

@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..checks import node_checks
 from ..base.checkpoints import layout
-from ..checks.values import capacity, effective, is_launcher_stand_in, resume_from, stall_timeout, whole
+from ..checks.fields import stall_timeout
+from ..checks.values import capacity, effective, is_launcher_stand_in, resume_from, whole
 from ..base.overrides import verl_args
 from ..base.schema import Recipe
 from ..checks.secrets import needs_key, wandb_host

@@ -1,5 +1,5 @@
 """Loading a recipe: compose it with Hydra, check it against the schema, then validate it
-(checks/values.py) with errors naming file and field, and resolve its plan (plan.py) once.
+(checks/fields.py, checks/values.py) with errors naming file and field, and resolve its plan (plan.py) once.
 
 A recipe is a YAML file composed by Hydra's compose API: its ``defaults`` list may pull
 shipped groups (``cluster/<profile>``, found next to the recipe first, then in the
@@ -23,7 +23,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..checks.values import check, validate, verl_keys_warning
+from ..checks.fields import validate
+from ..checks.values import check, verl_keys_warning
 from ..errors import Problems, RecipeError
 from ..base.overrides import apply_cli, flatten, hydra_value, verl_args
 from .plan import Plan, resolve as resolve_plan

@@ -302,7 +302,7 @@ def _minutes(r) -> int:
     """Two hours, or the recipe's own limit if that is shorter."""
     if r is None or not r.cluster.time:
         return 120
-    from ..checks.values import _seconds
+    from ..checks.fields import _seconds
 
     secs = _seconds(r.cluster.time)
     return max(1, min(120, secs // 60)) if secs else 120
