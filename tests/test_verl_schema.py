@@ -188,12 +188,22 @@ def test_the_composition_the_command_line_asks_for_is_the_one_checked():
 @pytest.mark.parametrize("kwargs,flat,why", [
     ({"config_name": "my_trainer"}, {}, "config name 'my_trainer' is not one verl 0.9.1 ships"),
     ({"config_path": "/opt/recipe/config"}, {}, "config folder of its own"),
-    ({}, {"actor@actor_rollout_ref.actor": "megatron_actor"}, "chooses a config group by its package"),
 ])
 def test_a_composition_the_snapshot_cannot_know_is_not_checked(kwargs, flat, why):
     """Never refused on a guess: the line says why, and verl's preflight decides."""
     line = verl_schema.check({**flat, "trainer.total_epochz": 1}, "0.9.1", **kwargs)
     assert line.startswith("not checked:") and why in line and "preflight" in line
+
+
+def test_a_group_chosen_by_its_package_leaves_only_that_section_to_verl():
+    """actor@actor_rollout_ref.actor=megatron_actor: the actor's keys are verl's to judge, the rest
+    are checked as ever."""
+    flat = {"actor@actor_rollout_ref.actor": "megatron_actor", "actor_rollout_ref.actor.megatron.grad_offload": True}
+    line = verl_schema.check(flat, "0.9.1")
+    assert "not checked: the keys under actor_rollout_ref.actor" in line
+    with pytest.raises(RecipeError) as e:
+        verl_schema.check({**flat, "trainer.total_epochz": 1}, "0.9.1")
+    assert e.value.key == "verl.overrides.trainer.total_epochz"
 
 
 def _check(cli, *args, env):

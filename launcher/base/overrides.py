@@ -94,7 +94,7 @@ def apply_cli(flat: Dict[str, Any], overrides: List[str], resolve=None) -> Dict[
             raise RecipeError(f"override 'verl.overrides.{ov}' is a sweep (a,b / range()); verl takes "
                               "one value: quote it to pass the text, or add -m to sweep it", where="command line",
                               key=f"verl.overrides.{parsed.key_or_group}")
-        key = parsed.key_or_group
+        key = parsed.key_or_group + (f"@{parsed.package}" if parsed.package else "")
         value = resolve(parsed.value()) if resolve else parsed.value()
         for existing in [k for k in out if _plain(k) == key]:
             del out[existing]

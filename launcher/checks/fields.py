@@ -23,7 +23,9 @@ _TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\
 _MEM = re.compile(r"^\d+[KMGT]?$")
 _SBATCH_ARG = re.compile(r"^--[A-Za-z][A-Za-z0-9-]*(=[^\s'\"\\`$;|<>]+)?$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_OVERRIDE_KEY = re.compile(r"^(\+\+|\+)?[A-Za-z_][\w-]*(\.[A-Za-z_0-9][\w-]*)*$")
+# a dotted key, or a config group (its /sub-group, its @package) as verl's Hydra takes them
+_OVERRIDE_KEY = re.compile(r"^(\+\+|\+)?[A-Za-z_][\w-]*(/[A-Za-z_][\w-]*)*"
+                           r"(@[A-Za-z_][\w-]*(\.[A-Za-z_0-9][\w-]*)*|(\.[A-Za-z_0-9][\w-]*)*)$")
 # Directives the launcher writes itself; a duplicate in sbatch_args would fight them.
 # sbatch accepts any unique prefix of an option (getopt_long), so prefixes count too. --export
 # would keep the key from the job; the GPU and memory forms fight cluster.*.
@@ -235,7 +237,8 @@ def validate(r: Recipe, blame) -> None:
         bad("verl.config_path", f"{r.verl.config_path!r} must be an absolute folder, as the nodes see it")
     for k in r.verl.overrides:
         if not _OVERRIDE_KEY.fullmatch(str(k)):
-            bad(f"verl.overrides.{k}", "not a valid Hydra key (dotted names, optional + or ++ prefix)")
+            bad(f"verl.overrides.{k}", "not a valid Hydra key (dotted names, or a config group[@package]; "
+                                       "optional + or ++ prefix)")
     for i, k in enumerate(r.verl.extra_keys):
         if not _OVERRIDE_KEY.fullmatch(str(k)) or str(k).startswith("+"):
             bad(f"verl.extra_keys[{i}]", f"{k!r} is not a dotted verl key")

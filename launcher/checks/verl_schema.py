@@ -99,11 +99,12 @@ class UnknownOption(Exception):
 
 
 def compositions(schema: Schema, config_name: Optional[str], config_path: Optional[str],
-                 flat: Dict[str, Any]) -> Tuple[Schema, set]:
+                 flat: Dict[str, Any]) -> Tuple[Schema, Dict[str, str]]:
     """The composition of verl's config the job's command line asks for: the config name and the
-    groups its overrides choose (`model_engine: megatron`). Returns it and the override keys
-    that chose a group (not keys of the config). A group option verl does not ship raises
-    UnknownOption; a composition the snapshot cannot know, NotChecked."""
+    groups its overrides choose (`model_engine: megatron`). Returns it and {override key that
+    chose a group (not a key of the config): the section it fills, whose keys the snapshot
+    cannot know ("" for the snapshot's own groups)}. A group option verl does not ship raises
+    UnknownOption; a composition the snapshot cannot know at all, NotChecked."""
     name = (config_name or BASE).removesuffix(".yaml")
     if config_path:
         raise NotChecked(f"verl.config_path {config_path} is a config folder of its own")
@@ -111,18 +112,19 @@ def compositions(schema: Schema, config_name: Optional[str], config_path: Option
         raise NotChecked(f"config name {name!r} is not one verl {schema.version} ships "
                          f"({', '.join(schema.configs)})")
     groups = schema.configs[name]["groups"]
-    choices, chose = {}, set()
+    choices, chose = {}, {}
     for key, value in flat.items():
         plain = key.lstrip("+")
         if "@" in plain or "/" in plain:  # actor@actor_rollout_ref.actor=megatron_actor
-            raise NotChecked(f"{plain} chooses a config group by its package, which the snapshot has not composed")
+            chose[key] = plain.partition("@")[2] or plain.replace("/", ".")
+            continue
         if plain in groups:
             if str(value) not in groups[plain]["options"]:
                 raise UnknownOption(plain, f"{value!r} is not an option verl {schema.version} ships for the config "
                                            f"group {plain} ({', '.join(groups[plain]['options'])}): verl's Hydra "
                                            "would refuse it")
             choices[plain] = str(value)
-            chose.add(key)
+            chose[key] = ""
     return schema.composed(name, choices), chose
 
 
@@ -316,7 +318,8 @@ def check(flat: Dict[str, Any], version: Optional[str], extra_keys=(), blame=lam
     except UnknownOption as e:
         raise RecipeError(e.why, where=blame(f"verl.overrides.{e.key}"), key=f"verl.overrides.{e.key}") from None
     flat = {k: v for k, v in flat.items() if k not in chose}
-    extra = tuple(k.lstrip("+") for k in extra_keys)
+    unknown = sorted({s for s in chose.values() if s})  # sections a group@package fills
+    extra = tuple(k.lstrip("+") for k in extra_keys) + tuple(unknown)
     tops = top_sections(schema) if warn is not None else None
     warned = 0
     for key, value in flat.items():
@@ -339,4 +342,6 @@ def check(flat: Dict[str, Any], version: Optional[str], extra_keys=(), blame=lam
                 f"{warned} warning(s){' (on stderr)' if warned else ''}; keys outside verl's sections are the "
                 "trainer's own, not checked")
     what = "" if schema.name == BASE else f" as composed for {schema.name}"
-    return f"checked against a snapshot of verl {schema.version}'s config{what}{nearest}"
+    left = "".join(f"; not checked: the keys under {s}, a config group the overrides choose by its package "
+                   "(verl's preflight decides)" for s in unknown)
+    return f"checked against a snapshot of verl {schema.version}'s config{what}{nearest}{left}"
