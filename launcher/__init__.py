@@ -9,7 +9,7 @@ been submitted: state, logs, traces, merge) -> api (the one door) -> cli/ (print
 __version__ = "0.1.0"
 
 API = ("script", "check", "dryrun", "submit", "sweep", "runs", "run", "Run", "SweepRun", "Report", "image_import", "merge",
-       "merge_dryrun", "wait_merge")
+       "merge_dryrun", "wait_merge", "import_command")
 
 
 def __getattr__(name):  # the Python API, loaded on first use (the CLI does not pay for it)

@@ -130,6 +130,45 @@ def _sweep_points(recipe, overrides, backend, environ, max_points):
                               loader=lambda path, ovs: backend.load(path, ovs, environ))
 
 
+@dataclass
+class Import:
+    """What `import_command` wrote: the recipe's path, what was mapped and why, check's report."""
+    path: str
+    said: List[str]
+    report: Report
+
+
+def import_command(argv: List[str], out, force: bool = False, cwd: Optional[str] = None,
+                   environ: Optional[Mapping[str, str]] = None) -> Import:
+    """`verl-launch import -o OUT -- ARGV`: a verl command line (python3 -m verl.trainer.main_ppo
+    ...) as a recipe at OUT, then `check`'s verdict on it. Raises RecipeError, writing nothing (an
+    OUT that was there is left as it was), for a command line that is not verl's, an override
+    Hydra cannot parse, an OUT that exists without FORCE, or a recipe check refuses."""
+    from pathlib import Path
+
+    from .core.importer import from_command, parse_command, to_yaml
+
+    cwd = cwd or os.getcwd()
+    path = Path(out)
+    if not path.name.endswith((".yaml", ".yml")):
+        raise RecipeError(f"{out}: a recipe is a .yaml file", where="-o", key="-o")
+    if path.exists() and not force:
+        raise RecipeError(f"{out} exists: give --force to replace it, or another -o", where="-o", key="-o")
+    cmd = parse_command(list(argv))
+    imported = from_command(cmd, cwd)
+    before = path.read_bytes() if path.exists() else None
+    path.write_text(to_yaml(imported, cmd, cwd))
+    try:
+        report = check(str(path), [], environ=environ)
+    except BaseException:
+        if before is None:
+            path.unlink()
+        else:
+            path.write_bytes(before)
+        raise
+    return Import(str(path), imported.said, report)
+
+
 def _check_sweep(recipe, overrides, backend, environ, max_points) -> Report:
     from .core import sweeps
 

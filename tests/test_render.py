@@ -85,7 +85,8 @@ def test_container_steps_run_in_the_image_and_the_nodes_step_on_the_host():
     on_host = [c for c in commands if c not in in_image]
     # teardown (W&B finish, temp dirs), resume check, allocation check, reach check, head, workers, readiness, driver, watchdog
     assert len(in_image) == 10, commands
-    assert len(on_host) == 1 and "node_ip" in on_host[0]  # the address probe needs the host's `ip`
+    # the address probe needs the host's `ip`; the image check looks for the squashfs before any step mounts it
+    assert len(on_host) == 2 and "node_ip" in on_host[1] and "image-check" in on_host[0], on_host
     plain = render(load(RECIPES / "gsm8k-grpo.yaml").plan)
     assert "CONTAINER=()" in plain and "--container" not in plain
 

@@ -111,6 +111,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="follow the job until it ends (Ctrl-C detaches; the job stays queued or keeps running); "
                         "exit 0 if it COMPLETED, 1 otherwise, 3 if Slurm says it can never start (left queued)")
 
+    ip = sub.add_parser("import", help="turn a verl command line into a recipe, then check it",
+                        description="Write a recipe from a verl command line as your script runs it: put "
+                                    "`verl-launch import -o my.yaml --` in front of the `python3 -m "
+                                    "verl.trainer.main_ppo ...` line and run the script once (its shell resolves "
+                                    "its variables). Nodes, GPUs, the W&B project and experiment, the loggers, the "
+                                    "trace settings and the config name go to the launcher's fields; every other "
+                                    "override goes to verl.overrides as given, in order, `+`/`++` kept; a relative "
+                                    "path is made absolute from here. Then `check`'s verdict on it; a recipe check "
+                                    "refuses is not written (exit 2).",
+                        epilog="e.g.  verl-launch import -o grpo.yaml -- python3 -m verl.trainer.main_ppo "
+                               "trainer.nnodes=2 data.train_files=$HOME/data/train.parquet ...",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    ip.add_argument("-o", "--output", required=True, metavar="RECIPE.yaml", help="the recipe to write")
+    ip.add_argument("--force", action="store_true", help="replace RECIPE.yaml if it exists")
+    ip.add_argument("argv", metavar="-- COMMAND", nargs="+",
+                    help="the verl command line: python3 -m verl.trainer.main_ppo [--config-name N] override...")
     ls = sub.add_parser("list", help="recent runs: job id, name, experiment, state, nodes, elapsed, run dir",
                         description="Recent runs from the run registry, with their Slurm state (one batched query).")
     ls.add_argument("-n", type=_positive, default=20, metavar="N", help="how many runs (default 20)")
@@ -200,7 +216,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .. import api  # the one door: every command is an API call, printed
 
     try:
-        if args.command in RECIPE_COMMANDS or args.command in ("merge", "image"):
+        if args.command in RECIPE_COMMANDS or args.command in ("merge", "image", "import"):
             from . import run as commands
         elif args.command == "traces":
             from . import traces as commands

@@ -35,6 +35,18 @@ def cmd_check(args) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    """The recipe written, what was mapped and why, then check's report on it (as `check`)."""
+    done = api.import_command(args.argv, args.output, force=args.force, environ=os.environ)
+    print(f"{'imported':<11} {done.path}")
+    for line in done.said:
+        print(f"{'mapped':<11} {line}")
+    for label, text in done.report.lines:
+        print(f"{label:<11} {text}")
+    print(done.report.verdict)
+    return 0
+
+
 def cmd_submit(args) -> int:
     req = api.dryrun(args.recipe, args.overrides, args.local, not args.no_check, os.environ, sys.stderr,
                      start=args.start, multirun=args.multirun, max_parallel=args.max_parallel,

@@ -43,6 +43,59 @@ class Imported:
     said: List[str] = field(default_factory=list)  # what was mapped, and why
 
 
+@dataclass
+class Command:
+    """A verl command line as the shell gave it: what runs it, the module, Hydra's options, the overrides."""
+    runner: List[str]  # what came before `-m` (python3, or `uv run ... python`)
+    module: str
+    overrides: List[str]
+    config_name: Optional[str] = None
+    config_path: Optional[str] = None
+
+
+_PYTHON = re.compile(r"(.*/)?python[0-9.]*$")
+_OPTIONS = {"--config-name": "config_name", "-cn": "config_name", "--config-path": "config_path", "-cp": "config_path"}
+
+
+def parse_command(argv: List[str], where: str = "command line") -> Command:
+    """ARGV: `python3 -m verl.trainer.main_ppo [--config-name N] [--config-path P] override...`, also
+    after `uv run ...` or VAR=value assignments; a module of verl's (verl.*) or of its recipes
+    (recipe.*). Anything else is a RecipeError naming the argument."""
+    if "-m" not in argv or argv.index("-m") + 1 >= len(argv):
+        shown = " ".join(argv[:3]) or "(nothing)"
+        raise RecipeError(f"{shown!r} is not a verl command line: give `python3 -m verl.trainer.main_ppo ...` "
+                          "after `--`", where=where, key="command")
+    at = argv.index("-m")
+    runner, module = argv[:at], argv[at + 1]
+    if not runner or not _PYTHON.fullmatch(runner[-1]):
+        raise RecipeError(f"{' '.join(runner) or '-m'!r}: `-m` must follow a Python interpreter (python3 -m ...)",
+                          where=where, key="command")
+    if not re.fullmatch(r"(verl|recipe)(\.\w+)+", module):
+        raise RecipeError(f"-m {module}: not a verl entrypoint (verl.trainer.main_ppo, another verl.* module, or a "
+                          "verl recipe's recipe.*)", where=where, key="-m")
+    cmd = Command(runner=runner, module=module, overrides=[])
+    rest = argv[at + 2:]
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        name, eq, value = arg.partition("=")
+        if name in _OPTIONS:
+            if not eq:
+                if i + 1 >= len(rest):
+                    raise RecipeError(f"{arg} needs a value", where=where, key=arg)
+                value, i = rest[i + 1], i + 1
+            setattr(cmd, _OPTIONS[name], value)
+        elif arg.startswith("-") and not arg.startswith("--config"):
+            raise RecipeError(f"{arg}: not a Hydra override nor --config-name/--config-path (the launcher runs one "
+                              "job of one config: a sweep is `verl-launch submit -m`)", where=where, key=arg)
+        elif arg.startswith("--config"):
+            raise RecipeError(f"{arg}: Hydra's options here are --config-name and --config-path", where=where, key=arg)
+        else:
+            cmd.overrides.append(arg)
+        i += 1
+    return cmd
+
+
 def _prefix(line: str) -> str:
     return "++" if line.startswith("++") else ("+" if line.startswith("+") else "")
 
@@ -83,9 +136,11 @@ def from_overrides(overrides: List[str], config_name: Optional[str] = None, conf
         value = o.value()
         if key in FIELDS:
             fields[FIELDS[key]] = value
+            said.append(f"{key}={line.split('=', 1)[1]} -> {FIELDS[key]} (the launcher sets it on verl's command line)")
             continue
         if key == LOGGER:
             loggers = [value] if isinstance(value, str) else list(value or [])
+            said.append(f"{LOGGER}={line.split('=', 1)[1]} -> wandb.enabled: {str('wandb' in loggers).lower()}")
             continue
         if key == MODE and value == "async":
             said.append(f"{MODE}=async: the launcher always runs verl's async rollout")
@@ -95,6 +150,9 @@ def from_overrides(overrides: List[str], config_name: Optional[str] = None, conf
             if fixed != value:
                 said.append(f"{key}: {value} is relative; made absolute from {cwd}, as the nodes need it")
                 value = fixed
+        for seen in [k for k in verl if k.lstrip("+") == key]:  # Hydra takes the last: so does the recipe
+            said.append(f"{key}: given again; the last, {line.split('=', 1)[1]}, as verl's Hydra takes it")
+            del verl[seen]
         verl[prefix + key] = value
     recipe = _launcher_fields(fields, loggers, verl, said)
     v = recipe["verl"]
@@ -104,6 +162,48 @@ def from_overrides(overrides: List[str], config_name: Optional[str] = None, conf
         v["config_name"] = config_name[:-len(".yaml")] if config_name.endswith(".yaml") else config_name
     v["overrides"] = verl
     return Imported(recipe, said)
+
+
+def from_command(cmd: Command, cwd: Optional[str] = None, where: str = "command line") -> Imported:
+    """The recipe for a parsed verl command line (parse_command), what runs it included."""
+    imported = from_overrides(cmd.overrides, cmd.config_name, cmd.config_path, cwd, where)
+    r = imported.recipe
+    if cmd.module != "verl.trainer.main_ppo":
+        r["verl"] = {"entrypoint": cmd.module, **r["verl"]}
+    python = cmd.runner[-1]
+    if len(cmd.runner) > 1:
+        imported.said.append(f"runtime.python: {' '.join(cmd.runner)} ran it here; give the nodes' interpreter "
+                             "(runtime.python=/path/to/venv/bin/python) or the lines that set it up (runtime.setup)")
+    elif python.startswith("/"):
+        r["runtime"] = {"python": python}
+        imported.said.append(f"runtime.python: {python}, as the command line ran it (the nodes need it at that path)")
+    return imported
+
+
+HEADER = """\
+# Imported by `verl-launch import` from a command line of {module} with {count} override(s),
+# run in {cwd}. The launcher's own fields come first (nodes, GPUs, W&B, tracing); everything
+# else is verl's, in verl.overrides, as the command line gave it. `verl-launch check` this file.
+"""
+
+
+def to_yaml(imported: Imported, cmd: Command, cwd: str) -> str:
+    """The recipe's text: a comment on where it came from, then the recipe, fields in order."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def text(dumper, value):  # a multi-line or odd string stays one quoted scalar
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"' if "\n" in value else None)
+
+    Dumper.add_representer(str, text)
+    order = ("job", "cluster", "runtime", "wandb", "trace", "verl")
+    recipe = {k: imported.recipe[k] for k in (*order, *imported.recipe) if k in imported.recipe}
+    body = yaml.dump(recipe, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=1000,
+                     allow_unicode=True)
+    shown = cwd if cwd.isprintable() else repr(cwd)
+    return HEADER.format(module=cmd.module, count=len(cmd.overrides), cwd=shown) + body
 
 
 def _launcher_fields(fields: Dict[str, Any], loggers: Optional[list], verl: Dict[str, Any], said: List[str]) -> dict:
