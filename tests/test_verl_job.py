@@ -30,6 +30,7 @@ from verl_train import BRIDGE, NODE_IP, assert_trained, job_env, parse_steps, ph
 
 RECIPE = RECIPES / "sandbox-verl.yaml"
 STEPS = 3  # the recipe's trainer.total_training_steps
+FILE_LOG = "verl-file-logger.jsonl"  # verl's file logger (VERL_FILE_LOGGER_PATH), in the trained run's tmp
 
 
 def _env(clean_env, smoke_assets, tmp_path, sandbox=None) -> dict:
@@ -71,13 +72,15 @@ def test_one_cpu_short_of_what_verl_holds_is_refused_before_the_queue(cli, clean
 # ----------------------------------------------------------------------------- the training job
 @pytest.fixture(scope="module")
 def trained(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
-    """recipes/sandbox-verl.yaml as shipped, followed with `submit --wait`, once for this module.
+    """recipes/sandbox-verl.yaml as shipped, followed with `submit --wait`, once for this module,
+    with one logger of the user's own beside W&B (verl's `file` logger: trainer.logger keeps it).
     Its W&B stand-in stays up for the module: `traces` reads the trajectories back from it."""
     tmp = tmp_path_factory.mktemp("trained")
     env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp))
     before = _ray_sessions()
     with StandIn(host=BRIDGE, api_key=wandb_key) as w:
-        job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900, standin=w)
+        job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900, standin=w, overrides=[
+            "verl.overrides.trainer.logger=[console,file]", f"+env.VERL_FILE_LOGGER_PATH={tmp / FILE_LOG}"])
         job.env, job.tmp, job.new_ray_sessions, job.standin = env, tmp, _ray_sessions() - before, w
         assert job.run_dir is not None, job.out + job.err
         yield job
@@ -257,6 +260,19 @@ def test_wandb_has_every_step_verl_logged_the_run_finished_and_no_key_is_written
             data = f.read_bytes()
             assert wandb_key.encode() not in data and basic not in data, f
     assert wandb_key not in trained.out + trained.err
+
+
+def test_the_recipes_own_logger_logs_every_step_beside_wandb(trained):
+    """trainer.logger=[console,file] with wandb.enabled: verl got [console,file,wandb] (the job's
+    command line), and its file logger wrote every step, each with the numbers its console and
+    W&B's history have (the W&B test above holds the history to the console)."""
+    args = (trained.run_dir / "job.sbatch").read_text()
+    assert "'trainer.logger=[console,file,wandb]'" in args
+    rows = [json.loads(line) for line in (trained.tmp / FILE_LOG).read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), rows
+    for r in rows:
+        console = {k: v for k, v in trained.steps[r["step"]].items() if isinstance(v, (int, float))}
+        assert len(console) > 20 and {k: r["data"].get(k) for k in console} == pytest.approx(console), r["step"]
 
 
 def test_wait_and_status_show_the_training_progress_from_verls_steps(trained, cli):
