@@ -53,6 +53,22 @@ def test_data_staged_on_the_head_node_only_is_caught_on_the_other(cli, sandbox, 
     assert "node1: data.train_files" not in why  # the head node has it
 
 
+def test_a_container_image_one_node_cannot_see_fails_before_ray_naming_it(cli, sandbox, clean_env, tmp_path):
+    """A squashfs container.image on node1's local disk only: the job looks for it on every node,
+    on the host, before any step runs in the image (the sandbox has no pyxis: a step in the
+    image would fail in srun's words), and names node2 and the path; check only warns here."""
+    image = NODE_LOCAL / f"verl-{secrets.token_hex(4)}.sqsh"
+    made = sandbox.run("srun", "-w", "node1", "-N1", "bash", "-c", f"echo squashfs > {image}")
+    assert made.returncode == 0, made.stderr
+    mount = f"container.mounts=[{tmp_path}:{tmp_path}]"
+    info = _run(cli, sandbox, clean_env, tmp_path, f"container.image={image}", mount)
+    why = _refused(info)
+    assert why.startswith(f"allocation check: container.image: {image} is not readable on node2 "), why
+    assert [p["detail"] for p in info["phases"] if p["phase"] == "bad-node"] == [
+        f"node2: inputs-check: container.image: {image} is not readable there"]
+    assert f"container.image {image}" in [p["detail"] for p in info["phases"] if p["phase"] == "inputs-check"]
+
+
 def test_a_node_local_checkpoint_dir_is_caught_and_the_check_can_be_turned_off(cli, sandbox, clean_env, tmp_path):
     ckpt = NODE_LOCAL / f"ckpt-{secrets.token_hex(4)}"
     info = _run(cli, sandbox, clean_env, tmp_path, f"verl.overrides.trainer.default_local_dir={ckpt}")

@@ -96,7 +96,7 @@ def test_versions_without_their_own_snapshot():
     ("actor_rollout_ref.model.override_config.attention_dropout", 0.0, "add it with '+'"),
     ("+actor_rollout_ref.rollout.engine_kwargs.vllm.enforce_eager", True, None),
     ("+ray_kwargs.ray_init.num_cpus", 8, None),
-    ("+ray_kwargs.num_cpus", 8, "verl never reads it"),
+    ("+ray_kwargs.num_cpus", 8, "nothing reads it"),  # a warning: verl runs it (ray_init.num_cpus is read)
     ("+actor_rollout_ref.rollout.val_kwargs.temprature", 0.5, "did you mean"),
     ("algorithm.adv_estimator", "grop", "'grop' is not one verl 0.9.1 knows"),
     ("algorithm.adv_estimator", "grpo", None),
@@ -132,9 +132,15 @@ def test_versions_without_their_own_snapshot():
     ("distillation.teacher_models.teacher_model.model_path", "Qwen/Qwen3-32B", None),
     # a name verl's code reads (the DAPO reward's config.reward.get("reward_kwargs"))
     ("+reward_model.reward_kwargs.overlong_buffer_cfg.enable", True, None),
-    # a name verl's code never names: said, not refused (verl runs it; it does nothing)
+    # a key verl's code never reads: said, not refused (verl runs it; it does nothing); a key of
+    # another verl release is no misspelling (more than 2 edits from any key of its section)
     ("+trainer.use_legacy_worker_impl", "disable", "nothing reads it"),
     ("trainer.use_legacy_worker_impl", "disable", "verl's Hydra would refuse it"),
+    ("+algorithm.rollout_correction.rollout_token_veto_threshold", 1.0, "nothing reads it"),
+    # a section verl builds as a dataclass fails on a field it lacks (verl: unexpected keyword)
+    ("+actor_rollout_ref.actor.policy_loss.tau_pos", 1.0, "is not a field of PolicyLossConfig"),
+    # a type from the dataclass behind a section whose YAML has no _target_ (str | float)
+    ("algorithm.rollout_correction.rollout_is_threshold", "0.5_4.0", None),
 ])
 def test_problem(key, value, expect):
     got = problem(SCHEMA, key, value)

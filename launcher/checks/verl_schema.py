@@ -267,14 +267,37 @@ def problem(schema: Schema, key: str, value: Any) -> Optional[str]:
                                  "add it with '+' (Hydra refuses a new key without it)")
     if not add:
         return f"is not a key of verl {schema.version}'s config (verl's Hydra would refuse it){_suggest(schema, plain) or OWN}"
+    parent = plain.rpartition(".")[0]
+    cls = schema.sections.get(parent, {}).get("dataclass")
+    if cls and not schema.sections[parent]["open"]:  # verl builds the section as its dataclass
+        return (f"is not a field of {cls.rpartition('.')[2]}, which verl {schema.version} builds {parent} as: verl "
+                f"would fail building it (an unexpected keyword){_suggest(schema, plain)}")
     new = _first_new(schema, plain)
     if new in schema.names:  # verl's code reads a key of that name (`.get("reward_kwargs")`)
         return None
     near = _suggest(schema, plain)
-    if near:  # a misspelling of a key verl has: the run would quietly not have it
+    if near and _misspelt(schema, plain):  # a key verl has, mistyped: the run would quietly not have it
         return f"is not a key of verl {schema.version}'s config (a '+' adds it, but verl never reads it){near}"
-    return Note(f"is not a key of verl {schema.version}'s config, and verl's code never names {new!r}: a '+' adds "
-                f"it, and nothing reads it, unless your verl build does (then list it in verl.extra_keys)")
+    return Note(f"is not a key of verl {schema.version}'s config, and verl's code reads no key named {new!r}: a '+' "
+                f"adds it, and nothing reads it, unless your verl build does (then list it in verl.extra_keys){near}")
+
+
+def _misspelt(schema: Schema, plain: str) -> bool:
+    """PLAIN's last part is within two edits of a key's in the same section (total_epoch,
+    temprature): a typo, not a key of another verl release (rollout_token_veto_threshold)."""
+    parent, _, last = plain.rpartition(".")
+    return any(k.rpartition(".")[0] == parent and _edits(last, k.rpartition(".")[2]) <= 2
+               for k in (*schema.keys, *schema.sections))
+
+
+def _edits(a: str, b: str) -> int:
+    """Levenshtein distance (small strings: key names)."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+    return row[-1]
 
 
 class Note(str):

@@ -176,8 +176,10 @@ def walk(cfg) -> tuple:
                 open_ = ((inside_open and not target) or len(child) == 0 or _is_dict(hints.get(k))
                          or (not target and bool(OPEN_NAMES.search(k))))
                 sections[key] = {"open": open_, "dataclass": target}
-                # An open section's own keys are keys too: Hydra sets them without '+'.
-                visit(child, key + ".", _class_of(target), inside_open=open_ and not target)
+                # An open section's own keys are keys too: Hydra sets them without '+'. A section
+                # without a _target_ takes its types from the parent's dataclass field, if it has one.
+                visit(child, key + ".", _class_of(target) or _dataclass_in(hints.get(k)),
+                      inside_open=open_ and not target)
                 continue
             if k == "_target_":
                 continue
@@ -253,9 +255,10 @@ def enums() -> dict:
 
 
 def code_names() -> list:
-    """Every attribute and key name verl's own code reads (`cfg.x`, `.get("x")`, `["x"]`,
-    getattr): a `+key` whose new part is one of them may be read by verl, though its config
-    does not list it (`reward_model.reward_kwargs`, read by the DAPO reward)."""
+    """Every key name verl's own code reads by its text (`.get("x")`, `["x"]`, getattr(c, "x")):
+    a `+key` whose new part is one of them may be read by verl, though its config does not list
+    it (`reward_model.reward_kwargs`, read by the DAPO reward). Attribute and argument names are
+    left out: nearly every word is one (`num_cpus`), and a `+key` not read is only a warning."""
     import ast
 
     import verl
@@ -267,9 +270,7 @@ def code_names() -> list:
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue
         for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute):
-                names.add(node.attr)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
                 names.add(node.value)
     return sorted(names)
 
