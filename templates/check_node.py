@@ -3,7 +3,7 @@
 # argv: SPEC_JSON RUN_DIR TOKEN_NAME TOKEN, where SPEC is
 #   {"inputs": [[key, path], ...], "checkpoints": dir or null, "gpus": n or null,
 #    "gpu_var": "CUDA_VISIBLE_DEVICES", "gpu_tool": "nvidia-smi" or null, "min_free_gb": x,
-#    "verl_version": "0.9.1" or null}
+#    "verl_version": "0.9.1" or null, "ray_auth": "2.52" (the oldest Ray with token auth) or null}
 # The batch shell wrote TOKEN into TOKEN_NAME in the run dir and the checkpoint dir on the head
 # node: a node that cannot read it there is not on the same storage. Prints one line per
 # problem ("@problem node: field: path: what") and exits 1 if there is any; a check still
@@ -146,6 +146,20 @@ def check_verl(want):
                 "its checks and derived settings follow that version)")
 
 
+def check_ray_auth(oldest):
+    """The Ray this node's Python finds knows token authentication (Ray 2.52+): an older one
+    ignores RAY_AUTH_MODE and would let anyone join. Its metadata, without importing it."""
+    doing[:] = ["ray", sys.executable]
+    try:
+        have = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:
+        return  # Ray's own step says it plainly
+    if release(have) < release(oldest):
+        problem("cluster.ray_auth_off", sys.executable,
+                f"this node's Ray {have} has no token authentication (Ray {oldest}+) and would let anyone who reaches "
+                "the node join the job's Ray: upgrade Ray, or set cluster.ray_auth_off with the reason")
+
+
 def check_all():
     for field, path in spec["inputs"]:
         readable(field, path)
@@ -160,6 +174,8 @@ def check_all():
         check_gpus(spec["gpus"])
     if spec.get("verl_version"):
         check_verl(spec["verl_version"])
+    if spec.get("ray_auth"):
+        check_ray_auth(spec["ray_auth"])
 
 
 # In a thread, so that a call a hung mount never returns from cannot hold the job: say which.

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", default="/tmp/verl-launch-runs", help="paths.runs (default %(default)s)")
     ap.add_argument("overrides", nargs="*", help="more recipe overrides")
     args = ap.parse_args(argv)
-    env = dict(os.environ, WANDB_API_KEY="sandbox-" + secrets.token_hex(24), RAY_AUTH_MODE="disabled")
+    env = dict(os.environ, WANDB_API_KEY="sandbox-" + secrets.token_hex(24))
     env.pop("WANDB_BASE_URL", None)
     experiment = time.strftime("demo-%Y%m%d-%H%M%S")
     with StandIn(host=BRIDGE, api_key=env["WANDB_API_KEY"]) as w:  # up after the job: `traces` reads it

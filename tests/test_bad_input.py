@@ -188,6 +188,8 @@ CASES = [
     ]],
     Case("config-name-a-path-out", key="verl.config_name", overrides=["verl.config_name=../x"], where=CMDLINE),
     Case("config-name-spaces", key="verl.config_name", edit=_set("verl.config_name", "ppo trainer")),
+    Case("ray-auth-off-without-a-reason", key="cluster.ray_auth_off", overrides=["cluster.ray_auth_off=' '"],
+         where=CMDLINE),
     Case("config-path-relative", key="verl.config_path", overrides=["verl.config_path=recipe/config"], where=CMDLINE),
 ]
 

@@ -242,3 +242,19 @@ def test_why_the_driver_failed_is_its_own_last_error_with_pydantics_detail(case,
                           str(tmp_path / "driver.log")], capture_output=True, text=True,
                          env={"LOG_DIR": str(tmp_path), "PATH": os.environ["PATH"]})
     assert got.stdout == want, got.stderr
+
+
+def test_the_job_turns_rays_token_authentication_on_and_off_only_with_a_reason(cli, clean_env):
+    """Every job writes its own Ray token in the run dir and exports its path, never the token; Ray's
+    temp dir sits under a 0700 dir; cluster.ray_auth_off (a reason) turns it off, and check warns."""
+    on = _render(RECIPES / "gsm8k-grpo.yaml")
+    assert "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$RAY_TOKEN_FILE" in on
+    assert 'RAY_TOKEN_FILE=$RUN_DIR/.ray-token.r$RESTART' in on and "RAY_AUTH_MODE=disabled" not in on
+    assert 'mkdir -p "$(ray_home)" && chmod 700 "$(ray_home)"' in on and 'echo "$(ray_home)/r"' in on
+    off = _render(RECIPES / "gsm8k-grpo.yaml", "cluster.ray_auth_off=a debugger of ours joins the head")
+    assert "export RAY_AUTH_MODE=disabled" in off and "RAY_TOKEN_FILE" not in off
+    said = cli("check", RECIPES / "gsm8k-grpo.yaml", "runtime.python=/usr/bin/python3", env=clean_env).stdout
+    assert re.search(r"^ray +token authentication: only the job's own processes join", said, re.M), said
+    said = cli("check", RECIPES / "gsm8k-grpo.yaml", "runtime.python=/usr/bin/python3",
+               "cluster.ray_auth_off=a debugger of ours joins the head", env=clean_env).stdout
+    assert re.search(r"^WARNING +Ray's token authentication is off \(cluster.ray_auth_off: a debugger of ours", said, re.M)

@@ -6,6 +6,7 @@ import hashlib
 import json
 import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,22 @@ def test_key_from_a_file_read_inside_the_job(cli, sandbox, clean_env, tmp_path, 
     digest = hashlib.sha256(wandb_key.encode()).hexdigest()[:12]
     assert [n["wandb_api_key"]["sha256_12"] for n in report["nodes"]] == [digest, digest]
     assert wandb_key not in Path(info["script"]).read_text()
+
+
+def test_a_ray_token_gone_before_ray_starts_fails_the_job_at_once_naming_it(cli, sandbox, clean_env, tmp_path):
+    """The job's Ray token emptied after the job wrote it (here by runtime.setup, which runs before
+    Ray on the head): the job stops before Ray starts, naming the file and the fix, rather than
+    hang in Ray's retries."""
+    info = _submit(cli, sandbox, clean_env, tmp_path, "runtime.setup=[': > \"$RAY_AUTH_TOKEN_PATH\"']")
+    t0 = time.monotonic()
+    assert sandbox.wait(info["job_id"], timeout=120) == "FAILED"
+    assert time.monotonic() - t0 < 60
+    phases = [json.loads(x) for x in Path(info["phases"]).read_text().splitlines()]
+    assert "head-up" not in [p["phase"] for p in phases]
+    [why] = [p["detail"] for p in phases if p["phase"] == "error"]
+    token = f"{info['run_dir']}/.ray-token.r0"
+    assert why.startswith(f"the job's Ray token {token} is missing or empty on node1: the run directory must be"), why
+    assert not Path(token).exists()  # the teardown removed it
 
 
 def test_script_without_key_stops_at_once(sandbox, tmp_path, cli, clean_env):

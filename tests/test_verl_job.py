@@ -26,6 +26,7 @@ import pytest
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
 from wandb_standin import StandIn
+from ray_intruder import Intruder
 from verl_train import BRIDGE, NODE_IP, assert_trained, job_env, parse_steps, phases as _phases, plain as _plain, train
 
 RECIPE = RECIPES / "sandbox-verl.yaml"
@@ -34,8 +35,7 @@ FILE_LOG = "verl-file-logger.jsonl"  # verl's file logger (VERL_FILE_LOGGER_PATH
 
 
 def _env(clean_env, smoke_assets, tmp_path, sandbox=None) -> dict:
-    env = dict(clean_env, VERL_SMOKE_DIR=str(smoke_assets), VERL_LAUNCH_STATE=str(tmp_path / "state"),
-               RAY_AUTH_MODE="disabled")
+    env = dict(clean_env, VERL_SMOKE_DIR=str(smoke_assets), VERL_LAUNCH_STATE=str(tmp_path / "state"))
     return sandbox.env(env) if sandbox else env
 
 
@@ -79,8 +79,11 @@ def trained(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
     env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp))
     before = _ray_sessions()
     with StandIn(host=BRIDGE, api_key=wandb_key) as w:
-        job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900, standin=w, overrides=[
-            "verl.overrides.trainer.logger=[console,file]", f"+env.VERL_FILE_LOGGER_PATH={tmp / FILE_LOG}"])
+        intruder = Intruder(env)
+        job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900, standin=w, during=intruder,
+                    overrides=["verl.overrides.trainer.logger=[console,file]",
+                               f"+env.VERL_FILE_LOGGER_PATH={tmp / FILE_LOG}"])
+        job.intruder = intruder
         job.env, job.tmp, job.new_ray_sessions, job.standin = env, tmp, _ray_sessions() - before, w
         assert job.run_dir is not None, job.out + job.err
         yield job
@@ -273,6 +276,30 @@ def test_the_recipes_own_logger_logs_every_step_beside_wandb(trained):
     for r in rows:
         console = {k: v for k, v in trained.steps[r["step"]].items() if isinstance(v, (int, float))}
         assert len(console) > 20 and {k: r["data"].get(k) for k in console} == pytest.approx(console), r["step"]
+
+
+def test_no_one_but_the_job_joins_its_ray_and_its_token_stays_its_own(trained):
+    """While verl trained, from outside the job: a driver with no token (Ray's AuthenticationError), a
+    bare GCS client and one with a wrong token (after Ray's retries) are refused; one with the job's token joins
+    both nodes (so the refusals are the token's, not the network's). Another user can neither read
+    the token nor enter the job's Ray dir. The token is in no file of the run (its own file is gone
+    after the teardown), nor in Slurm's record of the job; the job trained with it (above)."""
+    got = trained.intruder.wait()
+    assert got["with_token"]["rc"] == 0 and "JOINED 2" in got["with_token"]["out"], got["with_token"]
+    for name in ("no_token", "bare_gcs_client", "wrong_token"):
+        assert got[name]["rc"] != 0 and "JOINED" not in got[name]["out"] and "GCS" not in got[name]["out"], got[name]
+    assert "AuthenticationError" in got["no_token"]["err"] or "Unauthenticated" in got["no_token"]["err"], got["no_token"]
+    assert all(got[n]["rc"] != "timeout" for n in ("no_token", "bare_gcs_client", "wrong_token")), got  # refused, not hung
+    assert got["token_file"]["mode"] == "0o600" and got["ray_home"]["mode"] == "0o700", got
+    assert got["nobody_reads_token"]["rc"] != 0 and "Permission denied" in got["nobody_reads_token"]["err"]
+    assert got["nobody_lists_ray_home"]["rc"] != 0 and "Permission denied" in got["nobody_lists_ray_home"]["err"]
+    token = trained.intruder.token.encode()
+    assert len(token) == 64 and not list(trained.run_dir.glob(".ray-token.r*"))
+    for f in trained.run_dir.rglob("*"):
+        if f.is_file():
+            assert token not in f.read_bytes(), f
+    scontrol = trained.intruder.scontrol  # read while the job ran
+    assert f"JobId={trained.job_id} " in scontrol and token.decode() not in scontrol
 
 
 def test_wait_and_status_show_the_training_progress_from_verls_steps(trained, cli):

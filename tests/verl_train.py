@@ -79,7 +79,7 @@ def parse_steps(log: str) -> Dict[int, Dict[str, object]]:
 # Run apart from the caller: Ray's GCS client aborts its process once the GCS has been gone a while.
 _GCS_PEEK = """
 import json, os, sys, time
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # as the job's Ray: no token
+# The job's own token (RAY_AUTH_MODE/RAY_AUTH_TOKEN_PATH in this process's environment): read by the job's user.
 from ray._private.internal_api import get_state_from_address
 address, out = sys.argv[1], sys.argv[2]
 state, seen = get_state_from_address(address), {}
@@ -110,8 +110,10 @@ class GcsWatch(threading.Thread):
             head = [p for p in phases(self.run_dir) if p["phase"] == "head-up"]
             if head:
                 self.address = head[-1]["detail"]
+                tokens = sorted(self.run_dir.glob(".ray-token.r*"), key=lambda p: p.stat().st_mtime)
+                env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(tokens[-1])) if tokens else None
                 self.proc = subprocess.Popen([sys.executable, "-c", _GCS_PEEK, self.address, str(self.out)],
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
             self.stop.wait(0.5)
         self.stop.wait()
         if self.proc:
@@ -346,7 +348,7 @@ def job_env(base: dict, *, wandb_key: str, smoke, tmp) -> dict:
     Slurm job's (SLURM_CONF, which Slurm it is, stays), the stand-in's key, the smoke assets, and
     a launcher state and HOME of its own under TMP."""
     env = {k: v for k, v in base.items() if not k.startswith(("WANDB_", "SLURM_")) or k == "SLURM_CONF"}
-    return dict(env, WANDB_API_KEY=wandb_key, HOME=f"{tmp}/home", RAY_AUTH_MODE="disabled",
+    return dict(env, WANDB_API_KEY=wandb_key, HOME=f"{tmp}/home",
                 VERL_SMOKE_DIR=str(smoke), VERL_LAUNCH_STATE=f"{tmp}/state")
 
 

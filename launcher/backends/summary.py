@@ -67,6 +67,16 @@ def _trainer(r, verl_args) -> Optional[str]:
     return f"{r.verl.entrypoint}, verl's V1 trainer (verl's default: with trace.backend=none nothing needs the legacy one)"
 
 
+def _ray_auth(c) -> Line:
+    """What the job's Ray accepts (docs/security.md, "The job's Ray cluster": measured on the sandbox)."""
+    if c.ray_auth_off is not None:
+        return ("WARNING", f"Ray's token authentication is off (cluster.ray_auth_off: {c.ray_auth_off}): anyone who "
+                           "can reach a node can join the job's Ray cluster and run code as you, beside your W&B key")
+    return ("ray", "token authentication: only the job's own processes join its Ray (a new token at each start, "
+                   "0600 in the run directory); still open: Ray's metrics port (read-only), and the token and "
+                   "Ray's traffic travel unencrypted (docs/security.md)")
+
+
 def weigh(plan, had, script: Optional[str] = None, ask_slurm: bool = True) -> List[Line]:
     """The lines `check` prints before its verdict, of PLAN (plan.Plan) and HAD (what the
     experiment already has: prior.find); SCRIPT: the rendered job script, for
@@ -106,6 +116,7 @@ def weigh(plan, had, script: Optional[str] = None, ask_slurm: bool = True) -> Li
         lines.append(("verl", f"{r.verl.version} (verl.version): confirmed on every node at job start"
                               + (", in the container" if r.container.image else "")))
     lines.append(("start", had.describe()))
+    lines.append(_ray_auth(c))
     lines += [("WARNING", u) for u in unknown]
     room = [slurm.node_room(p) for p in parts]
     if parts and all(n is not None and c.nodes > n for n, _ in room):

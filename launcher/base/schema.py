@@ -42,6 +42,10 @@ class Cluster:
     # Ray's autoscaler monitor on the head: a Slurm allocation never scales, and without it the
     # head starts about 10% sooner (bench/bringup_bench.py); true for `ray status`'s summary.
     ray_monitor: bool = False
+    # Ray's token authentication (a token per job start, in the run directory, 0600) keeps
+    # everyone but the job out of its Ray cluster. Turning it off takes a reason, which `check`
+    # prints as a warning: anyone who reaches a node could then run code as you.
+    ray_auth_off: Optional[str] = None
     object_store_memory: Optional[int] = None  # bytes per node; Ray's default when null
     network_interface: Optional[str] = None  # e.g. ib0: Ray uses its address on every node
     port_range: List[int] = field(default_factory=lambda: [20000, 59999])  # Ray's ports, per job a block

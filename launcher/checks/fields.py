@@ -127,6 +127,9 @@ def validate(r: Recipe, blame) -> None:
         bad("cluster.port_range", f"too small for one job's {9 + c.worker_ports} Ray ports")
     if c.signal_seconds < 1 or c.signal_seconds > 65535:
         bad("cluster.signal_seconds", f"must be 1-65535 seconds (sbatch --signal), got {c.signal_seconds}")
+    if c.ray_auth_off is not None and (not c.ray_auth_off.strip() or _CONTROL.search(c.ray_auth_off)):
+        bad("cluster.ray_auth_off", "give the reason Ray's token authentication must be off (one printable line), "
+                                    "or leave it unset")
     if c.max_restarts < 0:
         bad("cluster.max_restarts", f"must be 0 or more, got {c.max_restarts}")
     if c.exclude_bad_nodes and not c.requeue:

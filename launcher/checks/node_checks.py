@@ -10,6 +10,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from .values import CKPT_DIR
 from ..base.schema import Recipe
 
+RAY_AUTH_SINCE = "2.52"  # the first Ray with token authentication (RAY_AUTH_MODE=token)
+
 # verl settings that name local files or directories every node must read.
 INPUT_KEYS = (
     "data.train_files", "data.val_files", "actor_rollout_ref.model.path",
@@ -63,11 +65,13 @@ def spec(r: Recipe, v: Dict[str, Any], ckpt: Optional[str]) -> Dict[str, Any]:
         # not for the launcher's own stand-in driver (the sandbox demo), which runs no verl
         "verl_version": (r.verl.version if c.verl_version and r.verl.version
                          and r.verl.entrypoint.split(".")[0] != "launcher" else None),
+        "ray_auth": RAY_AUTH_SINCE if r.cluster.ray_auth_off is None else None,
     }
 
 
 def needed(s: Dict[str, Any]) -> bool:
-    return bool(s["inputs"] or s["shared"] or s["min_free_gb"] or s["gpus"] is not None or s["verl_version"])
+    return bool(s["inputs"] or s["shared"] or s["min_free_gb"] or s["gpus"] is not None or s["verl_version"]
+                or s["ray_auth"])
 
 
 def keep_checkpoints(v: Dict[str, Any]) -> int:

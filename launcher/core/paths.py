@@ -46,9 +46,11 @@ class RunPaths:
     # The allocation check's token, written in the run dir (and the checkpoint dir) and read on
     # every node (templates/check_node.py), removed once read.
     CHECK_TOKEN = ".verl-launch-check-{job}.r{restart}"
+    # The job's Ray token (RAY_AUTH_TOKEN_PATH), 0600, new at each start, removed at the teardown.
+    RAY_TOKEN = ".ray-token.r{restart}"
     PER_RESTART = (HEAD_LOG, WORKER_LOG, WORKERS_SRUN, DRIVER_LOG, RAY_STATE, VERDICT, ENGINE_DIED,
-                   LOST_NODES, CHECK_TOKEN, WANDB_EXIT, WANDB_LOG)
-    RUN_DIR_FILES = (STDOUT, CHECK_TOKEN)  # in the run directory itself, not under LOGS
+                   LOST_NODES, CHECK_TOKEN, WANDB_EXIT, WANDB_LOG, RAY_TOKEN)
+    RUN_DIR_FILES = (STDOUT, CHECK_TOKEN, RAY_TOKEN)  # in the run directory itself, not under LOGS
     # What the job script calls each field (templates/job/prologue.sh.j2 sets them).
     JOB_FIELDS = (("restart", "$RESTART"), ("job", "$JOB_ID"))
     # Phases whose detail says why a run stopped early: the script's own errors, the driver's

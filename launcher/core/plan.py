@@ -83,6 +83,7 @@ class Plan:
     wandb_host: Optional[str]
     container_args: Tuple[str, ...]
     image_file: Optional[str]  # a squashfs container.image every node must see before Ray (None: no such check)
+    ray_auth: bool  # Ray's token authentication (off only with cluster.ray_auth_off's reason)
     port_slots: int  # how many jobs' port blocks fit in cluster.port_range
     node_check: Dict[str, Any]  # the allocation check's spec (node_checks.spec)
     node_check_json: str  # the same, as templates/check_node.py's argument
@@ -131,6 +132,7 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
         wandb_service=r.wandb.enabled,
         wandb_host=wandb_host(r),
         container_args=tuple(container_args(r)),
+        ray_auth=r.cluster.ray_auth_off is None,
         image_file=r.container.image if (r.container.image or "").startswith("/") and r.node_checks.inputs else None,
         port_slots=port_slots(r),
         node_check=spec,

@@ -58,7 +58,7 @@ def render(p: Plan) -> str:
         signal_seconds=rs.signal_seconds, max_restarts=rs.max_restarts,
         network_interface=ray.network_interface, port_min=ray.port_min, worker_ports=ray.worker_ports,
         port_slots=p.port_slots, wait_ready_py=_embedded("wait_ready.py"), container_args=p.container_args,
-        image_file=p.image_file, reach_timeout=p.reach_timeout, on_unreachable=p.on_unreachable,
+        image_file=p.image_file, ray_auth=p.ray_auth, reach_timeout=p.reach_timeout, on_unreachable=p.on_unreachable,
         reach_weave="weave" if p.reach_weave else "-", reach_wandb_py=_embedded("reach_wandb.py"),
         gpu_vendor=ray.gpu_vendor, gpu_clear=p.gpu_clear,
         node_check=p.node_check if p.node_check_needed else None, node_check_spec=p.node_check_json,
