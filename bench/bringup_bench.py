@@ -49,7 +49,10 @@ HEADER = """#!/bin/bash
 #SBATCH --gpus-per-node={gpus}
 #SBATCH --output=slurm-%j.out
 T0=$(date +%s.%N)
-export RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
+export RAY_USAGE_STATS_ENABLED=0
+# Ray's token authentication, as every verl-launch job has it (issue 55): the limit is Ray's with it
+(umask 077 && od -An -N32 -tx1 /dev/urandom | tr -d ' \\n' > "$PWD/ray-token-$SLURM_JOB_ID")
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$PWD/ray-token-$SLURM_JOB_ID
 nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))
 head_ip=$(hostname --ip-address)   # the batch script runs on the head node
 P=$(( 30000 + (SLURM_JOB_ID % 50) * 40 ))

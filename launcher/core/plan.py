@@ -183,8 +183,9 @@ def container_args(r: Recipe) -> List[str]:
         args.append("--container-mounts=" + ",".join(k.mounts))
     if k.workdir:
         args.append(f"--container-workdir={k.workdir}")
-    if k.env:
-        args.append("--container-env=" + ",".join(k.env))
+    # The job's Ray token's path wins over an image's own values of those names (pyxis: --container-env).
+    own = ["RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH"] if r.cluster.ray_auth_off is None else ["RAY_AUTH_MODE"]
+    args.append("--container-env=" + ",".join([*own, *(e for e in k.env if e not in own)]))
     if not k.mount_home:
         args.append("--no-container-mount-home")
     return args
