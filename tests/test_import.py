@@ -151,6 +151,8 @@ def test_logging_off_without_wandb_and_tracing_follows(tmp_path, clean_env):
     (["python3", "-m", "verl.trainer.main_ppo", "data.train_files=[a,b"], "data.train_files", "not a Hydra override"),
     (["python3", "-m", "verl.trainer.main_ppo", "--multirun", "a=1,2"], "--multirun", "not a Hydra override"),
     (["python3", "-m", "verl.trainer.main_ppo", "trainer.total_epochs=1,2"], "trainer.total_epochs", "a sweep"),
+    (["python3", "-m", "verl.trainer.main_ppo", "data.val_batch_size=${data.train_batch_size}"], "data.val_batch_size",
+     "holds an interpolation"),
 ])
 def test_bad_command_lines_are_exit_2_naming_the_argument_and_write_nothing(argv, where, says, tmp_path, clean_env, cli):
     out = tmp_path / "r.yaml"

@@ -134,6 +134,9 @@ def from_overrides(overrides: List[str], config_name: Optional[str] = None, conf
             raise RecipeError(f"{line!r}: a deletion or a sweep is not one run's setting; "
                               "take it out, or sweep the recipe with -m", where=where, key=key)
         value = o.value()
+        if "${" in repr(value):  # the recipe resolves ${...} itself (against the recipe), not verl's config
+            raise RecipeError(f"{line!r} holds an interpolation, which a recipe would resolve against itself, not "
+                              "verl's config: write its value (the script's shell may)", where=where, key=key)
         if key in FIELDS:
             fields[FIELDS[key]] = value
             said.append(f"{key}={line.split('=', 1)[1]} -> {FIELDS[key]} (the launcher sets it on verl's command line)")
