@@ -142,11 +142,11 @@ def test_check_and_submit_read_the_runs_checkpoints_as_verl_would(resumed, cli, 
     shutil.copytree(ckpt / f"global_step_{STEPS}", ckpt / "global_step_5")
     tracker = ckpt / "latest_checkpointed_iteration.txt"
     env = resumed.env
-    assert _warnings(_cli(cli, env, tmp_path, ckpt, "check").stdout) == []  # as verl left it
+    assert _warnings(_cli(cli, env, tmp_path, ckpt, "check")) == []  # as verl left it
 
     tracker.unlink()  # the tracker removed: named at check, refused at submit --resume
     newest = f"global_step_{STEPS}"
-    warned = _warnings(_cli(cli, env, tmp_path, ckpt, "check").stdout)
+    warned = _warnings(_cli(cli, env, tmp_path, ckpt, "check"))
     assert len(warned) == 1 and f"the newest complete checkpoint is {newest}" in warned[0], warned
     refused = _cli(cli, env, tmp_path, ckpt, "submit", "--resume")
     assert refused.returncode == 2 and f"--resume-from {newest}" in refused.stderr, refused.stderr
@@ -160,7 +160,7 @@ def test_check_and_submit_read_the_runs_checkpoints_as_verl_would(resumed, cli, 
 
     tracker.write_text(str(STEPS))  # the newest with a rank's shard missing
     (ckpt / newest / "actor" / "optim_world_size_2_rank_1.pt").unlink()
-    warned = _warnings(_cli(cli, env, tmp_path, ckpt, "check").stdout)
+    warned = _warnings(_cli(cli, env, tmp_path, ckpt, "check"))
     assert len(warned) == 1 and f"names step {STEPS}, but {newest} is incomplete (actor/optim_world_size_2_rank_1.pt" \
         in warned[0] and "the newest complete checkpoint is global_step_5" in warned[0], warned
     way = _cli(cli, env, tmp_path, ckpt, "submit", "--resume-from", "latest-complete", "--dry-run")
