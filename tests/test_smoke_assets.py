@@ -96,8 +96,10 @@ def test_the_smoke_recipe_passes_verls_preflight(cli, clean_env, assets):
 
 def test_the_tool_model_loaded_as_verl_loads_it_writes_the_calculator_call(assets):
     """The tool model, loaded from its files with verl's tokenizer loader (as the job's workers
-    load it), writes hermes calls verl's parser reads, with the problem's expression; the data
-    rows carry verl's tools_kwargs and an agent loop name each."""
+    load it), writes hermes calls with the problem's expression, read greedily here by the
+    project's own pattern of verl's hermes format (launcher/tool_assets.CALL); verl's own hermes
+    parser reading vLLM's sampled calls is tests/test_tool_model.py's (the node environment). The
+    data rows carry verl's tools_kwargs and an agent loop name each."""
     import random
 
     import pyarrow.parquet as pq

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 
 import launcher
 from conftest import RECIPES, as_process_env, submit_json
@@ -109,7 +110,9 @@ def test_an_unanswering_wandb_can_disable_tracing_instead_and_sync_sends_the_met
         port, job = w.port, info["job_id"]
         deadline = time.monotonic() + 180
         phases = Path(info["run_dir"], "phases.jsonl")
-        while not (phases.exists() and "trace-disabled" in _phases(info["run_dir"])) and time.monotonic() < deadline:
+        while not (phases.exists() and "trace-disabled" in _phases(info["run_dir"])):
+            if time.monotonic() > deadline:  # say what was waited for, not a later assertion's puzzle
+                pytest.fail(f"no trace-disabled phase within 180 s; phases: {_phases(info['run_dir']) if phases.exists() else 'none'}")
             time.sleep(0.5)
         early = cli("sync", job, env=env)
     assert early.returncode == 2 and f"job {job} is RUNNING" in early.stderr and "--wait" in early.stderr, early.stderr

@@ -135,9 +135,11 @@ def test_every_trajectory_is_traced_to_weave_from_both_nodes_as_check_estimates(
         assert (c["entity"], c["project"]) == ("team", "verl-launch-sandbox") and c["auth_ok"], c
         assert a["experiment_name"] == "sandbox-verl" and a["validate"] is False, a
         assert isinstance(a["sample_index"], int) and 0 <= a["rollout_n"] < 2, a
-    for s, cs in by_step.items():  # every sample, all its rollouts
-        assert sorted((c["attributes"]["sample_index"], c["attributes"]["rollout_n"]) for c in cs) == \
-            sorted({(c["attributes"]["sample_index"], c["attributes"]["rollout_n"]) for c in cs}), s
+    for s, cs in by_step.items():  # every sample, all its rollouts: 0..n-1, each once (the recipe's n: 2)
+        rollouts = {}
+        for c in cs:
+            rollouts.setdefault(c["attributes"]["sample_index"], []).append(c["attributes"]["rollout_n"])
+        assert rollouts and all(sorted(r) == [0, 1] for r in rollouts.values()), (s, rollouts)
     assert {NODE_IP.get(c["client"]) for c in trajectories} == {"node1", "node2"}
     inside = {c["trace_id"] for c in trained.calls if c["short_name"].endswith(".generate")}
     assert {c["trace_id"] for c in trajectories} <= inside  # each trajectory's generate call sits inside it
