@@ -146,11 +146,10 @@ def test_a_verl_recipe_module_gets_its_verl_key_typos_as_warnings(cli, clean_env
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["dry_run"]
     warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: ")]
-    assert len(warnings) == 2, proc.stderr
+    assert len(warnings) == 1, proc.stderr  # `+data.gen_batch_size`: Hydra takes '+' on verl's null key
     assert ("warning: command line: verl.overrides.trainer.totl_epochs: is not a key of verl 0.9.1's config "
             "(verl's Hydra would refuse it): did you mean trainer.total_epochs? (not refused: the entrypoint "
             "recipe.dapo.main_dapo is not verl's own") in warnings[0]
-    assert "verl.overrides.data.gen_batch_size" in warnings[1] and "verl.extra_keys" in warnings[1]
     assert "dapo_own" not in proc.stderr
 
 

@@ -185,10 +185,8 @@ NULL_DEFAULT_COUNTS = frozenset({
     "data.gen_batch_size", "data.val_batch_size", "data.seed",
     # ref: renamed to ActorConfig's Optional[int] ppo_micro_batch_size(_per_gpu) (engine_workers.py)
     "actor_rollout_ref.ref.log_prob_micro_batch_size", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
-    # rollout.disaggregation: DisaggregationConfig's Optional[int] fields (built in RolloutConfig's
-    # __post_init__; the YAML section has no _target_, so the snapshot has no dataclass for it)
-    *(f"{rollout}.disaggregation.{k}" for rollout in ("actor_rollout_ref.rollout", "reward.reward_model.rollout")
-      for k in ("decode_tensor_model_parallel_size", "bootstrap_port")),
+    # (rollout.disaggregation's Optional[int] fields are typed by the snapshot itself: a section
+    # without a _target_ takes its types from the dataclass field behind it, DisaggregationConfig)
     # legacy_reward_impl.yaml's reward_model / sandbox_fusion: copied as they are into reward.*'s
     # int fields (reward.num_workers, reward.reward_model.nnodes, ...) by migrate_legacy_reward_impl
     "reward_model.num_workers", "reward_model.n_gpus_per_node", "reward_model.nnodes",
