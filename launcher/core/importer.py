@@ -1,9 +1,10 @@
 """A verl command line as a recipe: what the launcher owns goes to its fields, the rest to
 verl.overrides, in the order given, `+`/`++` kept.
 
-Pure: reads nothing but the current directory's name (relative paths are made absolute from it).
-The command line is taken as the script's own shell resolved it; Hydra's own parser reads each
-override, so a value means what it meant to verl.
+Pure but for two reads: the current directory's name (relative paths are made absolute from
+it) and verl's defaults in the launcher's snapshot of verl's config (a project, a node count the
+command line leaves to verl). The command line is taken as the script's own shell resolved it;
+Hydra's own parser reads each override, so a value means what it meant to verl.
 """
 
 from __future__ import annotations
