@@ -77,7 +77,11 @@ while True:
 import ray._raylet
 gcs = ray._raylet.GcsClient(address=f"{host}:{port}")
 while True:
-    alive = [x for x in gcs.get_all_node_info(timeout=5).values() if x.state == x.ALIVE]
+    try:  # a GCS that does not answer yet (a starved head, token auth's first handshake): ask again
+        alive = [x for x in gcs.get_all_node_info(timeout=5).values() if x.state == x.ALIVE]
+    except Exception:
+        time.sleep(every)
+        continue
     if len(alive) >= n and sum(x.resources_total.get("GPU", 0) for x in alive) >= n * gpus:
         break
     time.sleep(every)
@@ -116,7 +120,10 @@ try:
 except OSError:
     sys.exit(print(0))  # not even the GCS of the head is up
 import ray._raylet as r
-print(sum(x.state == x.ALIVE for x in r.GcsClient(address=sys.argv[1] + ":" + sys.argv[2]).get_all_node_info(timeout=5).values()))' "$head_node_ip" $P)
+try:
+    print(sum(x.state == x.ALIVE for x in r.GcsClient(address=sys.argv[1] + ":" + sys.argv[2]).get_all_node_info(timeout=5).values()))
+except Exception:
+    print(0)  # its GCS does not answer yet: no node to start the driver on' "$head_node_ip" $P)
 T1=$({py} -c "$POLL" "$head_node_ip" $P {n} {gpus} 0.05)
 echo "RESULT start=$T0 ready=$T1 alive_at_start=$ALIVE"
 kill $(jobs -p) 2>/dev/null; wait
