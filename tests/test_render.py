@@ -250,7 +250,8 @@ def test_the_job_turns_rays_token_authentication_on_and_off_only_with_a_reason(c
     on = _render(RECIPES / "gsm8k-grpo.yaml")
     assert "export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$RAY_TOKEN_FILE" in on
     assert 'RAY_TOKEN_FILE=$RUN_DIR/.ray-token.r$RESTART' in on and "RAY_AUTH_MODE=disabled" not in on
-    assert 'mkdir -p "$(ray_home)" && chmod 700 "$(ray_home)"' in on and 'echo "$(ray_home)/r"' in on
+    assert 'mkdir -m 700 "$d"' in on and '[[ -d $d && ! -L $d && -O $d ]] && chmod 700 "$d"' in on
+    assert 'echo "$(ray_home)/r"' in on
     off = _render(RECIPES / "gsm8k-grpo.yaml", "cluster.ray_auth_off=a debugger of ours joins the head")
     assert "export RAY_AUTH_MODE=disabled" in off and "RAY_TOKEN_FILE" not in off
     said = cli("check", RECIPES / "gsm8k-grpo.yaml", "runtime.python=/usr/bin/python3", env=clean_env).stdout
