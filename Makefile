@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install node-env system-deps test test-quick demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine bench-wandb-end clean
+.PHONY: install node-env system-deps test test-quick demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine bench-wandb-end bench-trace-end clean
 
 install: $(VENV)/.installed
 
@@ -118,6 +118,11 @@ bench-first-step: install node-env
 bench-dead-engine: install node-env
 	@test -f $(SMOKE)/reward.py || $(PY) -m launcher.smoke_assets --out $(SMOKE) >/dev/null
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && VERL_SMOKE_DIR=$(SMOKE) $(PY) bench/dead_engine_bench.py
+
+# The last step's trace flush at verl's end: what it costs the end, and what arrives without it.
+bench-trace-end: install node-env
+	@test -f $(SMOKE)/reward.py || $(PY) -m launcher.smoke_assets --out $(SMOKE) >/dev/null
+	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && VERL_SMOKE_DIR=$(SMOKE) $(PY) bench/trace_end_bench.py --repeat 2
 
 bench-wandb-end: install
 	@eval "$$(bash $(SANDBOX)/sandbox-up.sh)" && $(PY) bench/wandb_end_bench.py --repeat 3

@@ -104,9 +104,12 @@ class Run:
         except (RecipeError, SlurmError) as e:
             return {"text": f"not counted: {e}", "error": str(e)}
         out = {"received": t.total, "per_step": t.counts, "estimate": t.estimate, "short": t.short,
-               "short_ranges": t.unresolved, "text": t.text()}
+               "short_ranges": t.unresolved, "text": t.text(ended=row["state"] in TERMINAL)}
         if not t.total:
             out["text"] += ": " + traces.why_none(self.record)
+        lost = traces.flush_note(RunPaths(Path(self.run_dir)))
+        if lost:
+            out["text"] += "; " + lost
         size, secs = self.record.get("trace_bytes_per_step"), RunPaths(Path(self.run_dir)).seconds_per_step()
         if t.total and size and secs:  # check's estimate, at most, at this run's own pace
             out["volume"] = (f"about {size / 1e6:.2f} MB a step at most (check's estimate): "

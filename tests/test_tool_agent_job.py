@@ -20,7 +20,7 @@ import pytest
 from conftest import RECIPES, ROOT
 from sandbox_procs import job_processes
 from wandb_standin import _READS as READS, StandIn
-from verl_train import BRIDGE, NODE_IP, assert_trained, job_env, train
+from verl_train import BRIDGE, NODE_IP, Busy, assert_trained, job_env, train
 
 RECIPE = RECIPES / "sandbox-tool-agent.yaml"
 FAULTY = ROOT / "tests" / "tools" / "faulty-calculator.yaml"
@@ -40,10 +40,14 @@ def _overrides() -> list:
 def tool_job(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tools")
     env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp))
+    busy = Busy(at=STEPS - 1)  # the last step and the end under load, as on CI's machine
     with StandIn(host=BRIDGE, api_key=wandb_key) as w:
-        job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900, standin=w, recipe=RECIPE,
-                    overrides=_overrides())
-        job.env, job.tmp, job.standin = env, tmp, w
+        try:
+            job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900, standin=w, recipe=RECIPE,
+                        overrides=_overrides(), during=busy)
+        finally:
+            busy.stop()
+        job.env, job.tmp, job.standin, job.busy = env, tmp, w, busy
         (tmp / "calls.json").write_text(json.dumps(job.calls, default=str))  # to read when a test fails
         assert job.run_dir is not None, job.out + job.err
         yield job
@@ -92,6 +96,20 @@ def test_tool_agent_trains_and_the_weights_reach_vllm(tool_job):
     assert_trained(job, STEPS)
     assert job_processes(job.job_id) == []
     assert job.standin.unknown == []
+
+
+def test_the_last_steps_traces_arrive_without_a_final_checkpoint_under_load(tool_job):
+    """The recipe saves no checkpoint, and two busy processes ran beside the job from its last
+    step on: verl's driver ended right after the last step, yet every trajectory of it arrived
+    (assert_trained: every step as estimated), because at verl's end every agent-loop worker sent
+    what its Weave client held (templates/trace_flush.py), as its record and verl's log say."""
+    job = tool_job
+    assert job.busy.started is not None and job.busy.started < job.first_log[STEPS], (job.busy.started, job.first_log)
+    assert job.checkpoint is None  # no global_step_N: the end came right after the last step
+    [record] = [json.loads(x) for x in (job.run_dir / "logs" / "trace-flush.r0.jsonl").read_text().splitlines()]
+    assert record["workers"] == 2 and record["flushed"] == 2 and record["unsent"] == 0, record
+    assert record["unreached"] == 0 and record["errors"] == [] and record["seconds"] < 60, record
+    assert re.search(r"traces flushed from 2 of 2 agent-loop workers in [\d.]+ s; 0 not sent", job.log), job.log[-2000:]
 
 
 def test_every_tool_trajectory_holds_the_call_the_model_wrote_and_its_result(tool_job):

@@ -294,7 +294,7 @@ def test_expect_passes_when_every_step_arrived_and_fails_when_one_was_cut(run, w
         assert written.forget(lambda c: c["id"] in lost) == 6  # 2 roots and their 4 calls: the server lost them
         cut = traces(run, "--expect")
         assert cut.returncode == 1, cut.stdout + cut.stderr
-        assert "10 received, steps 1-3; 4/step estimated, short: step 2 has 2" in cut.stdout
+        assert "10 received, steps 1-3; 4/step estimated, short: step 2 has 2 (2 short)" in cut.stdout
     finally:
         with written._lock:
             written.calls.extend(lost.values())
@@ -337,8 +337,8 @@ def test_the_summary_says_what_arrived_when_more_or_fewer_than_estimated(run, wr
         assert written.forget(lambda c: c["id"] in one_each) == 3
         p = traces(run, "--expect")
         assert (p.returncode, p.stdout.strip()) == (1, "traces     9 received, steps 1-3; 4/step estimated, "
-                                                       "short: steps 1-3 have 3"), p.stdout + p.stderr
-        assert "9 received, steps 1-3; 4/step estimated, short: steps 1-3 have 3" in _status(run).stdout
+                                                       "short: steps 1-3 have 3 (1 short each)"), p.stdout + p.stderr
+        assert "9 received, steps 1-3; 4/step estimated, short: steps 1-3 have 3 (1 short each)" in _status(run).stdout
     finally:
         with written._lock:
             written.calls.extend(kept)

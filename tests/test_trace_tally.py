@@ -63,11 +63,11 @@ def test_more_than_estimated_says_both_and_fewer_names_the_steps(monkeypatch):
     t = run_tally(monkeypatch, {s: 20 for s in range(1, 51)}, 8, 50)
     assert (t.text(), t.falls_short, t.queries) == ("1000 received, steps 1-50, 20/step (check estimated 8)", False, 4)
     t = run_tally(monkeypatch, {s: 6 for s in range(1, 51)}, 8, 50)
-    assert t.text() == "300 received, steps 1-50; 8/step estimated, short: steps 1-50 have 6" and t.queries == 4
+    assert t.text() == "300 received, steps 1-50; 8/step estimated, short: steps 1-50 have 6 (2 short each)" and t.queries == 4
     assert t.short == [(s, 6) for s in range(1, 51)]
     more_but_one = {**{s: 20 for s in range(1, 51)}, 17: 5}
     t = run_tally(monkeypatch, more_but_one, 8, 50)
-    assert t.text() == "985 received, steps 1-50, mostly 20/step; 8/step estimated, short: step 17 has 5"
+    assert t.text() == "985 received, steps 1-50, mostly 20/step; 8/step estimated, short: step 17 has 5 (3 short)"
     assert t.counts == {s: n for s, n in more_but_one.items()}
 
 
@@ -76,10 +76,10 @@ def test_short_steps_are_found_by_halving_ranges(monkeypatch):
     t = run_tally(monkeypatch, per, 4, 300)
     assert t.short == [(77, 1), (78, 0), (250, 3)] and t.counts == {s: n for s, n in per.items() if n}
     assert t.queries <= 3 + 3 * 2 * 9, t.queries  # about 2 log2(steps) a short step
-    assert t.text() == "1192 received, steps 1-300; 4/step estimated, short: step 77 has 1, step 78 has 0, step 250 has 3"
+    assert t.text() == "1192 received, steps 1-300; 4/step estimated, short: step 77 has 1 (3 short), step 78 has 0 (4 short), step 250 has 3 (1 short)"
     lost_tail = run_tally(monkeypatch, {s: 4 for s in range(1, 41)}, 4, 50)  # the server lost steps 41-50
     assert lost_tail.short == [(s, 0) for s in range(41, 51)]
-    assert lost_tail.text() == "160 received, steps 1-40; 4/step estimated, short: steps 41-50 have 0"
+    assert lost_tail.text() == "160 received, steps 1-40; 4/step estimated, short: steps 41-50 have 0 (4 short each)"
 
 
 def test_a_step_in_progress_is_counted_but_not_short(monkeypatch):
@@ -109,13 +109,29 @@ def test_scattered_losses_stay_within_the_budget_and_still_fail(monkeypatch):
 
 @pytest.mark.parametrize("counts, done, text", [
     ({1: 4, 2: 4, 3: 4}, 3, "12 received, steps 1-3, 4/step as estimated"),
-    ({1: 4, 2: 2, 3: 4}, 3, "10 received, steps 1-3; 4/step estimated, short: step 2 has 2"),
+    ({1: 4, 2: 2, 3: 4}, 3, "10 received, steps 1-3; 4/step estimated, short: step 2 has 2 (2 short)"),
     ({1: 4, 2: 4, 3: 4, 4: 1}, 3, "13 received, steps 1-4, 4/step as estimated"),
-    ({2: 4, 3: 4}, 3, "8 received, steps 2-3; 4/step estimated, short: step 1 has 0"),
+    ({2: 4, 3: 4}, 3, "8 received, steps 2-3; 4/step estimated, short: step 1 has 0 (4 short)"),
     ({}, 3, "none received"),
 ])
 def test_a_listings_own_counts_read_the_same(counts, done, text):
     assert Tally.of(counts, 4, done).text() == text
+
+
+@pytest.mark.parametrize("counts, done, text", [
+    ({1: 4, 2: 4, 3: 2}, 2, "10 received, steps 1-3, 4/step as estimated in the 2 completed steps; "
+                            "step 3 did not complete: 2 of its trajectories arrived (4 estimated)"),
+    ({1: 4, 2: 3, 3: 1}, 2, "8 received, steps 1-3; 4/step estimated, short: step 2 has 3 (1 short); "
+                            "step 3 did not complete: 1 of its trajectories arrived (4 estimated)"),
+    ({1: 4, 2: 4}, 2, "8 received, steps 1-2, 4/step as estimated"),  # ended after its last step
+])
+def test_a_run_that_ended_in_a_step_names_it_and_never_says_only_as_estimated(monkeypatch, counts, done, text):
+    """Once the run has ended (a worker killed, a driver that failed), the step it was in is one
+    it never finished: named with what arrived of it, in the listing's counts and in the stats'
+    ranges alike; while the run goes on, the same counts read as a step in progress."""
+    assert Tally.of(counts, 4, done).text(ended=True) == text
+    assert run_tally(monkeypatch, counts, 4, done).text(ended=True) == text
+    assert "did not complete" not in Tally.of(counts, 4, done).text()
 
 
 def test_trajectories_without_a_training_step_are_counted_and_nothing_breaks(monkeypatch):
@@ -125,9 +141,9 @@ def test_trajectories_without_a_training_step_are_counted_and_nothing_breaks(mon
 
 
 @pytest.mark.parametrize("per, done, text", [
-    ({1: 100, 2: 200, 3: 200, 4: 200}, 4, "700 received, steps 1-4; 200/step estimated, short: step 1 has 100"),
-    ({2: 200, 3: 200, 4: 200}, 4, "600 received, steps 2-4; 200/step estimated, short: step 1 has 0"),
-    ({1: 100, 2: 100, 3: 100, 4: 100}, 3, "400 received, steps 1-4; 200/step estimated, short: steps 1-3 have 100"),
+    ({1: 100, 2: 200, 3: 200, 4: 200}, 4, "700 received, steps 1-4; 200/step estimated, short: step 1 has 100 (100 short)"),
+    ({2: 200, 3: 200, 4: 200}, 4, "600 received, steps 2-4; 200/step estimated, short: step 1 has 0 (200 short)"),
+    ({1: 100, 2: 100, 3: 100, 4: 100}, 3, "400 received, steps 1-4; 200/step estimated, short: steps 1-3 have 100 (100 short each)"),
 ])
 def test_a_short_first_step_or_a_step_in_progress_hides_no_shortfall(monkeypatch, per, done, text):
     t = run_tally(monkeypatch, per, 200, done)

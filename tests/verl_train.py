@@ -332,6 +332,26 @@ class EngineKill:
         self.why_not = f"no EngineCore under vLLMHttpServer {servers} on {self.node}"
 
 
+class Busy:
+    """N processes spinning on the CPU beside the job from its step AT on (as `during`): the load
+    of CI's machine, under which the last step's traces were lost when verl's driver ended.
+    stop() kills them by PID; `started` is when they began."""
+
+    def __init__(self, at: int = 1, n: int = 2):
+        self.at, self.n, self.procs, self.started = at, n, [], None
+
+    def __call__(self, run_dir: Path, first: dict) -> None:
+        if self.started is None and self.at in first:
+            self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+                          for _ in range(self.n)]
+            self.started = time.time()
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
 def kill_engine_mid_training(*, node_python, runs: Path, env: dict, freeze_trainer: bool = False) -> tuple:
     """recipes/sandbox-verl.yaml for 60 steps; node2's EngineCore SIGKILLed 2.2 s after verl's
     step 2 (in the actor update, before the weight sync; FREEZE_TRAINER: verl's fit loop

@@ -19,6 +19,12 @@ TRACE = "actor_rollout_ref.rollout.trace"
 LOGGER = "trainer.logger"
 # Derived keys the recipe's own value goes into, rather than contradicting them.
 MERGED = frozenset({LOGGER})
+# Ray's setup hook in every Ray worker of verl's job (templates/trace_flush.py, which the job puts
+# on the Ray processes' PYTHONPATH as this module): at verl's end, the agent-loop workers send
+# their last traces before Ray takes them down. Hydra's `+`: verl's runtime_env has no such key.
+SETUP_HOOK = "ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
+TRACE_FLUSH_MODULE = "verl_launch_trace_flush"
+ADDED = frozenset({SETUP_HOOK})
 
 
 def loggers(r: Recipe) -> List[str]:
@@ -31,12 +37,21 @@ def loggers(r: Recipe) -> List[str]:
     return items + ["wandb"] if r.wandb.enabled else items
 
 
+def flushes(r: Recipe) -> bool:
+    """Whether the job flushes the agent-loop workers' Weave clients at verl's end."""
+    return r.trace.backend == "weave" and r.trace.flush_timeout > 0
+
+
 def derived(r: Recipe) -> Dict[str, Tuple]:
     """Derived verl keys -> (value, the recipe field a user should change instead[, why])."""
     d: Dict[str, Tuple[Any, str]] = {
         "actor_rollout_ref.rollout.mode": ("async", "(always async)"),
         f"{TRACE}.backend": (None if r.trace.backend == "none" else r.trace.backend, "trace.backend"),
     }
+    if flushes(r):
+        d[SETUP_HOOK] = (f"{TRACE_FLUSH_MODULE}.setup", "trace.flush_timeout",
+                         "the job flushes the agent-loop workers' traces at verl's end through Ray's setup hook; "
+                         "trace.flush_timeout=0 leaves the hook to you (and the last second's traces may be lost)")
     if r.trace.backend != "none":
         d[f"{TRACE}.token2text"] = (r.trace.token2text, "trace.token2text")
         d[f"{TRACE}.max_samples_per_step_per_worker"] = (
@@ -142,7 +157,7 @@ def verl_args(r: Recipe, blame=lambda key: "recipe") -> List[str]:
                     where=blame(f"verl.overrides.{plain}"), key=f"verl.overrides.{plain}")
             continue  # same value: the derived one is emitted below
         args.append(f"{key}={text}")
-    args.extend(f"{key}={hydra_value(value)}" for key, (value, *_) in der.items())
+    args.extend(f"{'+' if key in ADDED else ''}{key}={hydra_value(value)}" for key, (value, *_) in der.items())
     return args
 
 

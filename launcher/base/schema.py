@@ -105,6 +105,10 @@ class Trace:
     # Before training, every node checks that W&B answers with the key: if not, `fail` the job
     # at once, or `disable` tracing (W&B metrics then go offline, for `wandb sync`) and go on.
     on_unreachable: str = "fail"
+    # At verl's end (its loggers' finish), every agent-loop worker sends what its Weave client still
+    # holds before Ray takes the workers down: this many seconds at most, for all of them (0: no
+    # flush; the last second's traces may then be lost).
+    flush_timeout: int = 60
 
 
 @dataclass

@@ -221,6 +221,8 @@ def validate(r: Recipe, blame) -> None:
         bad("wandb.reach_timeout", f"must be 0-300 seconds, got {w.reach_timeout}")
     if w.finish_timeout < 1 or w.finish_timeout > 600:
         bad("wandb.finish_timeout", f"must be 1-600 seconds, got {w.finish_timeout}")
+    if t.flush_timeout < 0 or t.flush_timeout > 600:
+        bad("trace.flush_timeout", f"must be 0 (no flush) to 600 seconds, got {t.flush_timeout}")
     if t.max_samples_per_step_per_worker is not None and t.max_samples_per_step_per_worker < 0:
         bad("trace.max_samples_per_step_per_worker", "must be null (every sample) or 0 or more")
 

@@ -48,8 +48,13 @@ class RunPaths:
     CHECK_TOKEN = ".verl-launch-check-{job}.r{restart}"
     # The job's Ray token (RAY_AUTH_TOKEN_PATH), 0600, new at each start, removed at the teardown.
     RAY_TOKEN = ".ray-token.r{restart}"
+    # What the last step's trace flush did (templates/trace_flush.py): a JSON line per finish.
+    TRACE_FLUSH = "trace-flush.r{restart}.jsonl"
+    # The Ray processes' own module (templates/trace_flush.py, Ray's worker_process_setup_hook),
+    # in this folder of the run directory, put on their PYTHONPATH.
+    PYTHON_DIR = ".python"
     PER_RESTART = (HEAD_LOG, WORKER_LOG, WORKERS_SRUN, DRIVER_LOG, RAY_STATE, VERDICT, ENGINE_DIED,
-                   LOST_NODES, CHECK_TOKEN, WANDB_EXIT, WANDB_LOG, RAY_TOKEN)
+                   LOST_NODES, CHECK_TOKEN, WANDB_EXIT, WANDB_LOG, RAY_TOKEN, TRACE_FLUSH)
     RUN_DIR_FILES = (STDOUT, CHECK_TOKEN, RAY_TOKEN)  # in the run directory itself, not under LOGS
     # What the job script calls each field (templates/job/prologue.sh.j2 sets them).
     JOB_FIELDS = (("restart", "$RESTART"), ("job", "$JOB_ID"))

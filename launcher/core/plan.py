@@ -22,7 +22,7 @@ from ..checks import node_checks
 from ..base.checkpoints import layout
 from ..checks.fields import stall_timeout
 from ..checks.values import capacity, effective, is_launcher_stand_in, resume_from, whole
-from ..base.overrides import verl_args
+from ..base.overrides import flushes, verl_args
 from ..base.schema import Recipe
 from ..checks.secrets import needs_key, wandb_host
 from ..checks.verl_resources import DEFAULTS
@@ -100,6 +100,7 @@ class Plan:
     verl_resolved: bool  # verl's preflight gave its resolved values (else the recipe's alone)
     cpu_need: Any  # what verl's Ray actors hold per node (verl_resources.Need; None: not verl)
     traces_per_step: Optional[int]  # rollout traces per training step (None: unknown; 0: no tracing)
+    trace_flush: Optional[int]  # seconds the last traces have at verl's end (templates/trace_flush.py); None: not Weave
 
 
 def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = None,
@@ -151,6 +152,7 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
         verl_resolved=verl is not None,
         cpu_need=capacity(r, v, blame),
         traces_per_step=traces_per_step(r, v),
+        trace_flush=r.trace.flush_timeout if flushes(r) else None,
     )
 
 

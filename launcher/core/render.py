@@ -13,6 +13,7 @@ from typing import Optional
 import jinja2
 
 from .. import __version__
+from ..base.overrides import TRACE_FLUSH_MODULE
 from .paths import RunPaths
 from .plan import Plan
 from ..resources import templates_dir
@@ -68,6 +69,7 @@ def render(p: Plan) -> str:
         resume_check=_resume_check(p), checkpoints_py=_embedded("checkpoints.py", Path(__file__).parent.parent / "base"),
         wandb_service=p.wandb_service, wandb_finish_timeout=p.recipe.wandb.finish_timeout,
         wandb_service_py=_embedded("wandb_service.py"),
+        trace_flush=p.trace_flush, trace_flush_py=_embedded("trace_flush.py"), trace_flush_module=TRACE_FLUSH_MODULE,
     )
     return _env().get_template(TEMPLATE).render(ctx)
 

@@ -74,9 +74,23 @@ class Tally:
             return "?/step"
         return f"{min(each)}/step" if len(each) == 1 else f"{min(each)}-{max(each)}/step"
 
-    def text(self) -> str:
+    def text(self, ended: bool = False) -> str:
         """'24 received, steps 1-3, 8/step as estimated', '600 received, steps 1-3, 200/step
-        (check estimated 8)', or the steps that fall short."""
+        (check estimated 8)', or the steps that fall short. ENDED: the run has ended, so a step
+        after the completed ones is one it never finished, and is named with what arrived of it."""
+        cut = self._unfinished() if ended else None
+        text = self._text(cut is not None)
+        return text if cut is None else f"{text}; step {cut[0]} did not complete: {cut[1]} of its trajectories arrived" + (
+            f" ({self.estimate} estimated)" if self.estimate else "")
+
+    def _unfinished(self) -> Optional[Tuple[int, int]]:
+        """(step, received) of the step after the completed ones, if any of it arrived."""
+        if self.done is None:
+            return None
+        after = [(lo, hi, c) for lo, hi, c, _ in self.spans if lo > self.done and c]
+        return (after[0][0], after[0][2]) if after and after[0][0] == after[0][1] else None
+
+    def _text(self, unfinished: bool = False) -> str:
         if not self.total:
             return "none received"
         having = [(lo, hi) for lo, hi, c, _ in self.spans if c]
@@ -88,10 +102,13 @@ class Tally:
             return line + f", {self.rate()} (no estimate: check could not work it out)"
         if not self._short:
             rate = self.rate()
-            return line + (f", {rate} as estimated" if rate == f"{self.estimate}/step"
-                           else f", {rate} (check estimated {self.estimate})")
-        named = [f"step {lo} has {c}" if lo == hi else
-                 f"steps {lo}-{hi} have {c // (hi - lo + 1)}" if ex else f"steps {lo}-{hi} have {c} in all"
+            done = f" in the {self.done} completed steps" if unfinished else ""
+            return line + (f", {rate} as estimated{done}" if rate == f"{self.estimate}/step"
+                           else f", {rate}{done} (check estimated {self.estimate})")
+        e = self.estimate
+        named = [f"step {lo} has {c} ({e - c} short)" if lo == hi else
+                 f"steps {lo}-{hi} have {c // (hi - lo + 1)} ({e - c // (hi - lo + 1)} short each)" if ex else
+                 f"steps {lo}-{hi} have {c} in all ({e * (hi - lo + 1) - c} short)"
                  for lo, hi, c, ex in self._short]
         mostly = self._mostly()  # more arrived than estimated, but not at every step
         head = f", mostly {mostly}/step; " if mostly is not None and mostly > self.estimate else "; "

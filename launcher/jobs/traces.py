@@ -285,3 +285,23 @@ def why_none(run: dict) -> str:
     reasons.append("or the job never reached a training step, or Weave was unreachable from the nodes "
                    "(the job's trace-check phase says)")
     return "; ".join(reasons)
+
+
+def flush_note(paths: RunPaths) -> Optional[str]:
+    """What the last trace flush at verl's end (templates/trace_flush.py) could not send, if
+    anything: 'at verl's end 1 of 2 agent-loop workers had not sent its traces within
+    trace.flush_timeout (3 uploads left)', '... 1 of 2 agent-loop workers not reached'."""
+    found = paths.latest(RunPaths.TRACE_FLUSH)
+    try:
+        records = [json.loads(x) for x in found.read_text().splitlines() if x.strip()] if found else []
+    except (OSError, ValueError):
+        return None
+    if not records:
+        return None
+    r = records[-1]
+    workers, unreached, unsent = int(r.get("workers") or 0), int(r.get("unreached") or 0), int(r.get("unsent") or 0)
+    late = workers - unreached - int(r.get("flushed") or 0)  # reached, but still sending at the bound
+    parts = ([f"{late} of {workers} agent-loop workers had not sent their traces within trace.flush_timeout"
+              + (f" ({unsent} uploads left)" if unsent > 0 else "")] if late > 0 else []) + (
+        [f"{unreached} of {workers} agent-loop workers not reached"] if unreached else [])
+    return ("at verl's end " + " and ".join(parts)) if parts else None
