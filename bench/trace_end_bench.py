@@ -3,13 +3,14 @@ recipes/sandbox-tool-agent.yaml (2 steps, no checkpoint: verl's driver ends righ
 step) against the W&B stand-in, with two busy processes beside the job from step 1 on (CI's
 load), interleaved:
 
-  flush     trace.flush_timeout=60 (the default): at verl's end every agent-loop worker sends what
-            its Weave client holds (templates/trace_flush.py);
+  flush     trace.flush_timeout=60 (the default): every agent-loop worker sends a step's traces
+            before it hands the step's rollouts back (templates/trace_flush.py);
   none      trace.flush_timeout=0: no flush, as before issue 56.
 
 Per job: seconds from the last step's line in verl's log to the driver's end (phase driver-end)
-and to the job's end; the flush's own seconds (its record); the last step's trajectories that
-arrived against check's estimate.
+and to the job's end; the flushes' own seconds (their records: the slowest worker's per step,
+summed over the steps), the last step's own seconds; the last step's trajectories that arrived
+against check's estimate.
 
     eval "$(bash tests/cluster/sandbox-up.sh)"; python bench/trace_end_bench.py [--repeat 2]
 """
@@ -48,11 +49,14 @@ def one(kind: str, i: int, node_python: str, smoke: Path, tmp: Path) -> dict:
         raise SystemExit(f"{kind}: the job did not complete:\n{job.out[-2000:]}{job.err[-2000:]}")
     at = {p["phase"]: p["time"] for p in phases(job.run_dir)}
     last = job.first_log[STEPS]
-    record = job.run_dir / "logs" / "trace-flush.r0.jsonl"
-    flushed = [json.loads(x) for x in record.read_text().splitlines()] if record.exists() else []
+    flushes = [json.loads(x) for f in (job.run_dir / "logs").glob("trace-flush-*.r0.jsonl")
+               for x in f.read_text().splitlines()]
     arrived = sum(1 for c in job.trajectories if c["attributes"].get("step") == STEPS)
     return {"to-driver-end": at["driver-end"] - last, "to-job-end": job.submitted_at + job.seconds - last,
-            "flush": flushed[-1]["seconds"] if flushed else 0.0, "last-step-traces": arrived}
+            # what the workers' flushes held each step back, the slowest worker's, summed over the steps
+            "flush": sum(max((r["seconds"] for r in flushes if r["step"] == s), default=0.0)
+                         for s in range(1, STEPS + 1)),
+            "step": job.first_log[STEPS] - job.first_log[STEPS - 1], "last-step-traces": arrived}
 
 
 def main() -> int:

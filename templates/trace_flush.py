@@ -4,29 +4,38 @@
 #
 # Why: Ray kills verl's agent-loop workers (SIGKILL: "its owner died") the moment verl's TaskRunner
 # ends, and no exit hook runs there; what their Weave clients had traced but not yet sent (Weave
-# sends from a background thread, about once a second) is lost. verl's trainer ends by finishing
-# its loggers (verl.utils.tracking.Tracking.finish: "flush and finalize every configured backend",
-# in the TaskRunner, while the workers still live). There, before verl's own finish, every
-# agent-loop worker (Ray's named actors agent_loop_worker_*) flushes its Weave client, through
-# Ray's __ray_call__, within FLUSH_TIMEOUT seconds in all. Nothing of verl or Weave is changed on
-# disk; verl's own finish runs as before, once, whatever the flush did.
+# sends from a background thread, about once a second) was lost. So each agent-loop worker sends
+# what it traced before it hands a step's rollouts back: verl's AgentLoopWorker.generate_sequences
+# is wrapped (in each worker, once verl itself imports it), and after verl's own returns, the
+# worker's Weave client flushes, off the event loop, within VERL_LAUNCH_TRACE_FLUSH_TIMEOUT
+# seconds (1 s after a flush that timed out, so a Weave that stopped answering costs each later
+# step a second, not the bound). The trainer gets the rollouts only then, so a step's trajectories are
+# sent before the step, the last one included, can end the run. Nothing of verl or Weave changes
+# on disk.
 #
-# What it did goes to VERL_LAUNCH_TRACE_FLUSH_FILE (one JSON line per finish: workers reached,
-# traces still unsent, seconds), which the job's summary reads; a line on stdout says the same.
+# What it did, one JSON line per flush (step, validation or not, seconds, uploads left), goes to
+# VERL_LAUNCH_TRACE_FLUSH_FILE with "%w" replaced by this worker's host and PID (one file per
+# worker: appends from several nodes never share a file).
+import asyncio
+import functools
 import importlib.abc
+import inspect
 import json
 import os
+import socket
 import sys
 import threading
 import time
 
-PREFIX = "agent_loop_worker_"  # verl's AgentLoopManager names each worker so
-MODULE = "verl.utils.tracking"
+MODULE = "verl.experimental.agent_loop.agent_loop"
+SLOW = 1.0  # s: the bound after a flush that timed out in this worker
+_late = False  # this worker's last flush timed out
 
 
 def setup():
-    """In every Ray worker of the job: wrap verl's Tracking.finish once verl itself imports it.
-    Importing verl here would cost every worker (Ray's idle ones too) seconds and torch's memory."""
+    """In every Ray worker of the job: wrap AgentLoopWorker.generate_sequences once verl itself
+    imports it. Importing verl here would cost every worker (Ray's idle ones too) seconds and
+    torch's memory."""
     if MODULE in sys.modules:
         _wrap(sys.modules[MODULE])
     elif not any(isinstance(f, _Finder) for f in sys.meta_path):
@@ -43,7 +52,9 @@ class _Finder(importlib.abc.MetaPathFinder):
             if finder is self or not hasattr(finder, "find_spec"):
                 continue
             spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            if spec is None:
+                continue
+            if spec.loader is not None and hasattr(spec.loader, "exec_module"):
                 run = spec.loader.exec_module
 
                 def exec_module(module, run=run):
@@ -51,80 +62,45 @@ class _Finder(importlib.abc.MetaPathFinder):
                     _wrap(module)
 
                 spec.loader.exec_module = exec_module
-                return spec
-            if spec is not None:
-                return spec
+            return spec
         return None
 
 
-def _wrap(tracking):
-    """Tracking.finish flushes every agent-loop worker's traces first (once per Tracking)."""
-    finish = getattr(getattr(tracking, "Tracking", None), "finish", None)
-    if finish is None or getattr(finish, "_verl_launch", False):
+def _wrap(module):
+    """AgentLoopWorker.generate_sequences flushes the worker's traces before it returns."""
+    cls = getattr(module, "AgentLoopWorker", None)
+    generate = getattr(cls, "generate_sequences", None)
+    if generate is None or getattr(generate, "_verl_launch", False) or not inspect.iscoroutinefunction(generate):
         return
 
-    def finish_after_flush(self, *args, **kwargs):
-        if not getattr(self, "_finished", False):
+    @functools.wraps(generate)
+    async def generate_sequences(self, batch, *args, **kwargs):
+        try:
+            return await generate(self, batch, *args, **kwargs)
+        finally:
+            meta = getattr(batch, "meta_info", None) or {}
             try:
-                flush_workers()
-            except Exception as e:  # noqa: BLE001  (never fail verl's own end)
+                await asyncio.to_thread(flush, meta.get("global_steps"), bool(meta.get("validate", False)))
+            except Exception as e:  # noqa: BLE001  (never fail verl's step)
                 _say(f"the trace flush failed: {type(e).__name__}: {e}")
-        return finish(self, *args, **kwargs)
 
-    finish_after_flush._verl_launch = True
-    tracking.Tracking.finish = finish_after_flush
-
-
-def flush_workers():
-    """Every agent-loop worker flushes its Weave client; the outcome to the job's file."""
-    import ray
-
-    budget = float(os.environ.get("VERL_LAUNCH_TRACE_FLUSH_TIMEOUT", "60"))
-    start = time.monotonic()
-    names = sorted(n for n in ray.util.list_named_actors() if str(n).startswith(PREFIX))
-    handles, refs = [], []
-    for name in names:
-        try:
-            handles.append(ray.get_actor(name))
-        except Exception:  # noqa: BLE001  (a worker already gone: counted as not reached)
-            continue
-    refs = [h.__ray_call__.remote(_flush_here, budget) for h in handles]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=budget + 5) if refs else ([], [])
-    outcomes = []
-    for ref in ready:
-        try:
-            outcomes.append(ray.get(ref))
-        except Exception as e:  # noqa: BLE001  (a worker that died meanwhile)
-            outcomes.append({"error": f"{type(e).__name__}: {e}"[:300]})
-    record = {
-        "workers": len(names),
-        "flushed": sum(1 for o in outcomes if o.get("flushed")),
-        "unsent": sum(int(o.get("unsent") or 0) for o in outcomes),
-        "unreached": len(names) - len(outcomes),
-        "errors": [o["error"] for o in outcomes if o.get("error")][:5],
-        "seconds": round(time.monotonic() - start, 3),
-        "time": time.time(),
-    }
-    _say(f"traces flushed from {record['flushed']} of {record['workers']} agent-loop workers in "
-         f"{record['seconds']} s; {record['unsent']} not sent" + (f", {record['unreached']} workers not reached"
-                                                                 if record["unreached"] else ""))
-    out = os.environ.get("VERL_LAUNCH_TRACE_FLUSH_FILE")
-    if out:
-        with open(out, "a") as f:
-            f.write(json.dumps(record) + "\n")
+    generate_sequences._verl_launch = True
+    cls.generate_sequences = generate_sequences
 
 
-def _flush_here(actor, budget):
-    """In an agent-loop worker: flush the Weave client verl's rollout trace made, within BUDGET s."""
+def flush(step=None, validate=False):
+    """This worker's Weave client (verl's rollout trace) sends what it holds, within the bound."""
+    global _late  # noqa: PLW0603
     try:
         from verl.utils.rollout_trace import RolloutTraceConfig
 
         client = RolloutTraceConfig.get_client()
     except Exception:  # noqa: BLE001
         client = None
-    if client is None or not hasattr(client, "flush"):  # this worker traces nothing (to Weave)
-        return {"flushed": True, "unsent": 0}
-    done = threading.Event()
+    if client is None or not hasattr(client, "flush"):  # this worker traces nothing to Weave
+        return
+    bound = SLOW if _late else float(os.environ.get("VERL_LAUNCH_TRACE_FLUSH_TIMEOUT", "60"))
+    start, done = time.monotonic(), threading.Event()
 
     def run():
         try:
@@ -133,14 +109,30 @@ def _flush_here(actor, budget):
             done.set()
 
     threading.Thread(target=run, daemon=True, name="verl-launch-trace-flush").start()
-    done.wait(budget)
+    _late = not done.wait(bound)  # a Weave that answers again gets the whole bound again
     unsent = 0
-    if not done.is_set():
+    if _late:
+        _late = True
         try:  # Weave's own count of what it still holds
             unsent = int(client._get_pending_jobs().get("total_jobs", 0))
         except Exception:  # noqa: BLE001
             unsent = -1
-    return {"flushed": done.is_set(), "unsent": unsent}
+        _say(f"the Weave client had not sent everything after {bound:g} s (trace.flush_timeout): "
+             f"{unsent if unsent >= 0 else 'some'} uploads left at step {step}")
+    _record({"step": step, "validate": validate, "flushed": done.is_set(), "unsent": unsent,
+             "seconds": round(time.monotonic() - start, 3), "time": time.time()})
+
+
+def _record(entry):
+    out = os.environ.get("VERL_LAUNCH_TRACE_FLUSH_FILE")
+    if not out:
+        return
+    try:
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's name for it
+        with open(out.replace("%w", f"{node}-{os.getpid()}"), "a") as f:
+            f.write(json.dumps(entry) + "\n")
+    except OSError as e:
+        _say(f"cannot write the trace flush's record: {e}")
 
 
 def _say(msg):

@@ -167,9 +167,11 @@ def smoke_assets() -> Path:
 
 # Markers from what a test uses, so that they cannot drift from the code: `sandbox` where the
 # Slurm sandbox fixture is in its closure, `train` where the node environment is (verl's trainer
-# or vLLM runs). `make test-quick` runs the rest. A test that starts verl some other way marks
-# itself `train`.
-_MARK_BY_FIXTURE = {"sandbox": "sandbox", "node_python": "train"}
+# or vLLM runs), `verl` where the smoke assets are. A test that starts verl's trainer some other way
+# marks itself `train`; one that imports verl from the test environment (check's preflight with
+# runtime.python this interpreter, verl's config) or runs a local job marks itself `verl`.
+# `make test-quick` runs the rest, with verl kept out (tests/no_verl): one that needs verl fails there.
+_MARK_BY_FIXTURE = {"sandbox": "sandbox", "node_python": "train", "smoke_assets": "verl"}
 # Under pytest-xdist (`make test`: -n 2 --dist loadgroup) every sandbox and training test runs in
 # this one group, one after another on one worker: there is one sandbox, and its jobs want every
 # CPU. The other worker takes the rest meanwhile.
@@ -177,10 +179,26 @@ HEAVY_GROUP = "sandbox-and-training"
 
 
 def pytest_configure(config):
+    _TERMINAL[:] = [config]
     # xdist's workers get COLUMNS=80 (execnet); a test's CLI, its output piped, must see no
     # terminal size of the runner's, with or without -n.
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
+
+
+SLOW_LINE = 60  # s: a test (its setup included) longer than this is named as it ends
+
+
+def pytest_runtest_logreport(report):
+    """A line as each slow test (or a slow fixture's setup) ends, with the clock: CI's output,
+    cut at its time limit, then shows where the time went even without the final durations."""
+    tr = _TERMINAL[0].pluginmanager.get_plugin("terminalreporter") if _TERMINAL else None
+    if tr is not None and report.duration >= SLOW_LINE and report.when in ("setup", "call"):
+        tr.ensure_newline()
+        tr.write_line(f"[slow {time.strftime('%H:%M:%S')}] {report.duration:.0f} s {report.when} {report.nodeid}")
+
+
+_TERMINAL: list = []  # pytest's config: its terminal reporter is where the test run writes
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

@@ -96,11 +96,21 @@ def test_status_of_200_runs_takes_a_bounded_number_of_queries(cli, sandbox, env,
 
 
 @pytest.mark.accounting  # the older run's job is not the controller's: sacct answers
-def test_reused_job_id_does_not_report_another_jobs_state(cli, sandbox, env, tmp_path):
+def test_reused_job_id_does_not_report_another_jobs_state(cli, sandbox, env, tmp_path, monkeypatch):
     """Slurm restarts its ids when its state is wiped; a run must match its own job (by its run
-    directory), never whatever job now holds the id."""
+    directory), never whatever job now holds the id. And one job's info has one shape whoever
+    answered: scontrol for the one job, scontrol for all, and accounting (sacct with slurmdbd, the
+    job-completion log without)."""
+    from launcher.backends import slurm_commands as slurm
+
     real = _submit(cli, env, tmp_path)
     sandbox.wait(real["job_id"])
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+    one, every = slurm.job_info(real["job_id"]), slurm._controller_jobs()[real["job_id"]]
+    [acc] = slurm._accounting([real["job_id"]])[real["job_id"]]
+    assert set(one) == set(every) == set(acc), (one, every, acc)
+    assert (acc["state"], acc["restarts"], acc["num_nodes"], acc["partition"]) == \
+        ("COMPLETED", "0", one["num_nodes"], one["partition"]), (acc, one)
     with open(Path(env["VERL_LAUNCH_STATE"]) / "runs.jsonl", "a") as f:
         f.write(json.dumps({"job_id": real["job_id"], "run_dir": str(tmp_path / "an-older-run"),
                             "job_name": "older"}) + "\n")

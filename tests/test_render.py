@@ -108,7 +108,7 @@ def test_every_template_value_goes_through_the_quoting_filter():
     code = {"line", "wait_ready_py", "reach_wandb_py", "check_node_py", "watch_ray_py", "checkpoints_py", "wandb_service_py",
             "trace_flush_py"}
     # The launcher's own file names (paths.py checks them: safe characters, $RESTART to expand).
-    name = re.compile(r'paths\.(in_job|glob)\(paths\.[A-Z_]+(, node="(\$1|%N)")?\)')
+    name = re.compile(r'paths\.(in_job|glob)\(paths\.[A-Z_]+(, node="(\$1|%N|%w)")?\)')
     exprs = re.findall(r"{{(.*?)}}", "".join(t.read_text() for t in TEMPLATES))
     assert exprs
     for e in exprs:

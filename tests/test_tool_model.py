@@ -48,8 +48,14 @@ def test_verls_tool_agent_loop_runs_the_calculator_and_ends_with_an_answer(episo
     for e in episodes:
         tool = re.search(r"<tool_response>\n(.*?)\n</tool_response>", e["response"], re.S)
         if e["call"] and e["num_turns"] == 4 and tool and re.fullmatch(r"-?\d+(\.\d+)?", tool.group(1)) \
-                and re.search(r"#### *-?\d", e["response"].split("</tool_response>")[-1]) and "0" in e["mask"]:
+                and re.search(r"#### *-?\d", e["response"].split("</tool_response>")[-1]):
             done.append(e)
+            # the loss masks exactly the tool's turn: one run of zeros between the two assistant
+            # turns, holding the tool's response and nothing the model wrote
+            assert re.fullmatch(r"1+0+1+", e["mask"]), e["mask"]
+            assert f"<tool_response>\n{tool.group(1)}\n</tool_response>" in e["masked"], e["masked"]
+            assert "<tool_call>" in e["unmasked"] and "<tool_response>" not in e["unmasked"], e["unmasked"]
+            assert re.search(r"#### *-?\d", e["unmasked"]), e["unmasked"]
     assert len(done) >= 0.9 * EPISODES, [e["response"] for e in episodes if e not in done][:5]
     # The tool's reward: it compares its own result with the row's ground truth (tools_kwargs).
     assert any(e["tool_rewards"] == [1.0] for e in done), [e["tool_rewards"] for e in done][:5]

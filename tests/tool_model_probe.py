@@ -91,6 +91,9 @@ def main() -> int:
                         "expression": args.get("expression") if isinstance(args, dict) else None,
                         "num_turns": res.num_turns, "response": tok.decode(res.response_ids, skip_special_tokens=True),
                         "mask": "".join(map(str, res.response_mask)), "truth": row["reward_model"]["ground_truth"],
+                        # the response's tokens the loss sees (mask 1) and those it does not (0)
+                        "masked": tok.decode([t for t, m in zip(res.response_ids, res.response_mask) if not m]),
+                        "unmasked": tok.decode([t for t, m in zip(res.response_ids, res.response_mask) if m]),
                         "tool_rewards": res.extra_fields.get("tool_rewards")})
 
     asyncio.run(run())

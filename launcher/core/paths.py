@@ -48,8 +48,9 @@ class RunPaths:
     CHECK_TOKEN = ".verl-launch-check-{job}.r{restart}"
     # The job's Ray token (RAY_AUTH_TOKEN_PATH), 0600, new at each start, removed at the teardown.
     RAY_TOKEN = ".ray-token.r{restart}"
-    # What the last step's trace flush did (templates/trace_flush.py): a JSON line per finish.
-    TRACE_FLUSH = "trace-flush.r{restart}.jsonl"
+    # What each agent-loop worker's trace flush did (templates/trace_flush.py): a JSON line per
+    # step; {node} is the worker's node and PID ("%w" in the job script, which the worker fills in).
+    TRACE_FLUSH = "trace-flush-{node}.r{restart}.jsonl"
     # The Ray processes' own module (templates/trace_flush.py, Ray's worker_process_setup_hook),
     # in this folder of the run directory, put on their PYTHONPATH.
     PYTHON_DIR = ".python"

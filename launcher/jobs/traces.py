@@ -288,20 +288,28 @@ def why_none(run: dict) -> str:
 
 
 def flush_note(paths: RunPaths) -> Optional[str]:
-    """What the last trace flush at verl's end (templates/trace_flush.py) could not send, if
-    anything: 'at verl's end 1 of 2 agent-loop workers had not sent its traces within
-    trace.flush_timeout (3 uploads left)', '... 1 of 2 agent-loop workers not reached'."""
-    found = paths.latest(RunPaths.TRACE_FLUSH)
-    try:
-        records = [json.loads(x) for x in found.read_text().splitlines() if x.strip()] if found else []
-    except (OSError, ValueError):
+    """The steps at which an agent-loop worker had not sent all its traces within
+    trace.flush_timeout (templates/trace_flush.py's records, the latest run's), if any:
+    'traces not all sent within trace.flush_timeout at steps 7, 8 (3 uploads left)'."""
+    latest = paths.latest(RunPaths.TRACE_FLUSH)
+    if latest is None:
         return None
-    if not records:
+    restart = latest.name.rsplit(".r", 1)[-1]  # this run's workers' files only
+    late, left = [], 0
+    for f in paths.where(RunPaths.TRACE_FLUSH).glob(RunPaths.glob(RunPaths.TRACE_FLUSH)):
+        if not f.name.endswith(".r" + restart):
+            continue
+        try:
+            records = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
+        except (OSError, ValueError):
+            continue
+        for r in records:
+            if not r.get("flushed", True):
+                late.append(r.get("step"))
+                left += max(int(r.get("unsent") or 0), 0)
+    if not late:
         return None
-    r = records[-1]
-    workers, unreached, unsent = int(r.get("workers") or 0), int(r.get("unreached") or 0), int(r.get("unsent") or 0)
-    late = workers - unreached - int(r.get("flushed") or 0)  # reached, but still sending at the bound
-    parts = ([f"{late} of {workers} agent-loop workers had not sent their traces within trace.flush_timeout"
-              + (f" ({unsent} uploads left)" if unsent > 0 else "")] if late > 0 else []) + (
-        [f"{unreached} of {workers} agent-loop workers not reached"] if unreached else [])
-    return ("at verl's end " + " and ".join(parts)) if parts else None
+    steps = sorted({s for s in late if isinstance(s, int)})
+    named = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
+    return (f"traces not all sent within trace.flush_timeout at step{'s' if len(steps) > 1 else ''} {named or '?'}"
+            + (f" ({left} uploads left)" if left else ""))
