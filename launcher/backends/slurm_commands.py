@@ -165,7 +165,7 @@ def _fields(line: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- many runs at once
-SACCT_FIELDS = "JobID,State,ExitCode,WorkDir,Start,End,Submit"
+SACCT_FIELDS = "JobID,State,ExitCode,WorkDir,Start,End,Submit,Partition,NNodes,Reason"
 _CHUNK = 300  # job ids per sacct call: bounded command lines, bounded calls
 
 
@@ -227,15 +227,19 @@ def _accounting(job_ids: List[str]) -> dict:
         else:
             return out  # no accounting of any kind: the controller's memory is all there is
         for line in proc.stdout.splitlines():
-            jid, state, code, work_dir, start, end, submit = (line.split("|") + [""] * 7)[:7]
+            jid, state, code, work_dir, start, end, submit, part, nodes, why = (line.split("|") + [""] * 10)[:10]
             m = re.fullmatch(r"(\d+)(?:_(\d+|\[.+\]))?", jid)
             if not m:
                 continue
-            info = {"state": state.split()[0] if state else "UNKNOWN", "exit_code": code, "reason": None,
-                    "work_dir": work_dir, "start": start, "end": end, "submit": submit, "source": source}
             tasks = array_tasks(m.group(2)) if m.group(2) else []
             for key in [f"{m.group(1)}_{t}" for t in tasks] or [jid]:
-                out.setdefault(key, []).append(info)
+                # _info's shape; sacct has no restart count or requeue flag: a requeued job's runs
+                # are its records in order (-D), so this record's restarts are the ones before it
+                before = sum(1 for r in out.get(key, []) if r["work_dir"] == work_dir)
+                out.setdefault(key, []).append({
+                    "state": state.split()[0] if state else "UNKNOWN", "exit_code": code, "reason": reason_of(why or None),
+                    "restarts": str(before), "requeue": None, "work_dir": work_dir, "start": start, "end": end,
+                    "submit": submit, "source": source, "partition": part or None, "num_nodes": nodes or None})
     return out
 
 
