@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install node-env system-deps test test-quick demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine bench-wandb-end bench-trace-end clean
+.PHONY: install node-env system-deps test test-quick test-verl demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine bench-wandb-end bench-trace-end clean
 
 install: $(VENV)/.installed
 
@@ -45,8 +45,8 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# Everything, in three runs: the quick tier on 2 workers (nothing of the sandbox's runs beside
-# it), then the sandbox and training tests in one process (beside a second worker the sandbox's
+# Everything, in three runs: the quick and verl tiers on 2 workers (nothing of the sandbox's runs
+# beside them), then the sandbox and training tests in one process (beside a second worker the sandbox's
 # timing-sensitive tests failed on 2 cores), then the tests that read accounting again with
 # slurmdbd. Each run goes on after another fails, so that one report names every failure.
 # docs/testing.md: the tiers, which training job serves which tests.
@@ -57,10 +57,15 @@ test: system-deps install node-env
 	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting || rc=1; \
 	exit $$rc
 
-# The edit-test loop: what needs neither the Slurm sandbox nor verl's trainer (no root, no
-# node environment), in a few minutes.
+# The edit-test loop: the launcher's own logic, with neither the Slurm sandbox, nor verl (no root,
+# no node environment, no model; tests/no_verl keeps verl out, as on a login node), in minutes.
 test-quick: install
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=10 -m "not sandbox and not train"
+	PYTHONPATH=$(abspath tests/no_verl) $(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=10 \
+	  -m "not sandbox and not train and not verl"
+
+# What imports verl (check's preflight, verl's config), builds the smoke assets or runs a local job.
+test-verl: install
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=10 -m "verl and not sandbox and not train"
 
 sandbox-up: system-deps
 	@bash $(SANDBOX)/sandbox-up.sh

@@ -171,7 +171,10 @@ def smoke_assets() -> Path:
 # marks itself `train`; one that imports verl from the test environment (check's preflight with
 # runtime.python this interpreter, verl's config) or runs a local job marks itself `verl`.
 # `make test-quick` runs the rest, with verl kept out (tests/no_verl): one that needs verl fails there.
-_MARK_BY_FIXTURE = {"sandbox": "sandbox", "node_python": "train", "smoke_assets": "verl"}
+_MARK_BY_FIXTURE = {"sandbox": "sandbox", "node_python": "train", "smoke_assets": "verl",
+                    # verl's own FSDP checkpoints, written by torch and verl (test_checkpoints,
+                    # test_requeue, test_merge)
+                    "written": "verl", "saved": "verl", "checkpoints": "verl"}
 # Under pytest-xdist (`make test`: -n 2 --dist loadgroup) every sandbox and training test runs in
 # this one group, one after another on one worker: there is one sandbox, and its jobs want every
 # CPU. The other worker takes the rest meanwhile.

@@ -16,8 +16,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import RECIPES
 from wandb_standin import StandIn
+
+pytestmark = pytest.mark.verl  # the example loop is verl's AgentLoopBase; check imports it with verl
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT, EXPERIMENT = "team/examples", "examples-exp"
@@ -28,6 +32,7 @@ from omegaconf import OmegaConf
 from verl.utils.rollout_trace import RolloutTraceConfig, rollout_trace_attr
 from launcher.examples.agent_loop import CheckedAgentLoop
 import weave
+
 
 RolloutTraceConfig.init(sys.argv[1], sys.argv[2], "weave", token2text=False)
 loop = CheckedAgentLoop.__new__(CheckedAgentLoop)  # its check alone: no vLLM server needed here

@@ -36,6 +36,7 @@ def on_sandbox(sandbox, api_env, monkeypatch):
     return api_env
 
 
+@pytest.mark.verl  # a local run
 def test_local_submit_runs_to_completed_and_is_found_again(api_env):
     environ, ov = api_env
     out = io.StringIO()

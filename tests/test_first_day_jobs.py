@@ -6,7 +6,6 @@ numbering, and `merge` before any checkpoint exists."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import launcher
-from conftest import RECIPES, ROOT, as_process_env, submit_json
+from conftest import RECIPES, as_process_env, submit_json
 
 DEMO = RECIPES / "sandbox-demo.yaml"
 
@@ -153,6 +152,7 @@ def _bare_path(tmp_path: Path) -> str:
     return str(bare)
 
 
+@pytest.mark.verl  # local runs and a merge
 def test_local_sweep_list_without_slurm_and_merge_before_a_checkpoint(cli, clean_env, tmp_path):
     """A local sweep (two real local runs): numbered 1/2, 2/2; `list` on a box without Slurm lists
     it (and says once that Slurm's runs could not be asked for); `merge` before any checkpoint
@@ -208,6 +208,7 @@ def test_local_sweep_list_without_slurm_and_merge_before_a_checkpoint(cli, clean
     assert started.returncode == 2 and "steps started there: 10" in started.stderr and "--step" in started.stderr
 
 
+@pytest.mark.verl  # a local merge (torch, verl's checkpoint)
 def test_merge_without_wait_says_how_to_follow_it(cli, tmp_path):
     from test_merge import _make
 

@@ -4,12 +4,15 @@ the entrypoint, teardown, exit status, logs, phases, and no process left behind.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import RECIPES
 from launcher.backends.local import MARKER
+
+pytestmark = pytest.mark.verl  # local runs
 
 PHASES = ["start", "nodes", "inputs-check", "head-up", "workers-up", "ready", "driver-start", "driver-end", "teardown"]
 

@@ -15,6 +15,8 @@ from launcher.base.overrides import verl_args
 from launcher.core.recipe import load
 from test_bad_input import _tripwire
 
+pytestmark = pytest.mark.verl  # check's preflight runs verl (the test environment's)
+
 GSM8K = RECIPES / "gsm8k-grpo.yaml"
 PY = f"runtime.python={sys.executable}"  # the interpreter with verl: the job's, here
 

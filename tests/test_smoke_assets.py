@@ -125,6 +125,7 @@ def test_the_tool_model_loaded_as_verl_loads_it_writes_the_calculator_call(asset
     assert sum(ok for _, ok in calls) >= 14, calls
 
 
+@pytest.mark.verl  # builds the tool assets
 def test_the_tool_assets_are_the_same_bytes_for_the_same_seed(tmp_path):
     """Built twice, each in a process of its own: model, tokenizer and data byte-identical. (A
     short teaching, the build's own code otherwise: the whole one takes minutes.)"""

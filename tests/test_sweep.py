@@ -8,7 +8,6 @@ import json
 import os
 import stat
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -132,6 +131,7 @@ def test_dry_run_prints_the_array_and_every_point(cli, tmp_path, clean_env):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.verl  # verl's preflight
 def test_verls_preflight_runs_once_for_all_points_and_names_the_rejected_one(cli, tmp_path, clean_env):
     """A wrapper interpreter counts verl's processes: one for the whole sweep; the point verl
     rejects is named, and nothing is queued."""

@@ -53,6 +53,7 @@ def weave_env(clean_env: dict, url: str) -> dict:
             "PYTHONPATH": str(ROOT)}
 
 
+@pytest.mark.verl  # verl's tracing and tool code
 def test_tool_calls_are_traced_with_rollout_attributes(clean_env, wandb_key):
     with StandIn(api_key=wandb_key) as w:
         proc = subprocess.run([sys.executable, "-c", TRACED_ROLLOUT, PROJECT, EXPERIMENT],
@@ -129,6 +130,7 @@ def test_standin_binds_the_address_sandbox_nodes_reach(wandb_key):
     assert w.requests == [("GET", "/traces/server_info", True)]
 
 
+@pytest.mark.verl  # verl's tracing and tool code
 def test_tool_config_loads_with_verl_and_rewards_only_the_right_answer():
     import asyncio
 
@@ -159,6 +161,7 @@ def test_tool_config_loads_with_verl_and_rewards_only_the_right_answer():
         assert text.startswith("Error:") and reward == 0.0 and "error" in metrics, hostile
 
 
+@pytest.mark.verl  # verl's tracing and tool code
 def test_tool_works_without_a_schema_in_the_config(tmp_path):
     from verl.tools.tool_registry import initialize_tools_from_config
 

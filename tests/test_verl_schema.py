@@ -23,6 +23,7 @@ NO_VERL = "runtime.python=/usr/bin/python3"  # Debian's interpreter: no verl, as
 SCHEMA, _ = snapshot_for("0.9.1")
 
 
+@pytest.mark.verl  # reads verl's config
 def test_the_committed_snapshot_is_what_verl_gives(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "launcher.checks.verl_schema_snapshot", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=300)
@@ -216,6 +217,7 @@ def _check(cli, *args, env):
     return cli("check", GSM8K, NO_VERL, *args, env=env)
 
 
+@pytest.mark.verl  # verl's own verdict
 def test_check_without_verl_finds_a_plus_typo_that_verl_itself_lets_through(cli, clean_env):
     typo = "+verl.overrides.trainer.total_epoch=2"
     proc = _check(cli, typo, env=clean_env)

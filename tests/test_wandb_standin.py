@@ -152,6 +152,7 @@ def test_requeued_job_resumes_the_same_run(clean_env, wandb_key, tmp_path):
     assert run["exit_code"] == 0 and run["resumed"] == 1
 
 
+@pytest.mark.verl  # verl's Tracking
 def test_verl_tracking_logs_to_wandb(clean_env, wandb_key, tmp_path):
     config = {"trainer": {"project_name": PROJECT, "experiment_name": NAME}, "a": 1}
     with StandIn(api_key=wandb_key) as w:
