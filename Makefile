@@ -45,14 +45,16 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# Everything, in three runs: the quick and verl tiers on 2 workers (nothing of the sandbox's runs
-# beside them), then the sandbox and training tests in one process (beside a second worker the sandbox's
-# timing-sensitive tests failed on 2 cores), then the tests that read accounting again with
-# slurmdbd. Each run goes on after another fails, so that one report names every failure.
-# docs/testing.md: the tiers, which training job serves which tests.
+# Everything, in four runs: the quick tier (verl kept out, as in test-quick) and the verl tier, each
+# on 2 workers (nothing of the sandbox's runs beside them), then the sandbox and training tests in
+# one process (beside a second worker the sandbox's timing-sensitive tests failed on 2 cores), then
+# the tests that read accounting again with slurmdbd. Each run goes on after another fails, so that
+# one report names every failure. docs/testing.md: the tiers, which training job serves which tests.
 test: system-deps install node-env
 	rc=0; \
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=10 -m "not sandbox and not train" || rc=1; \
+	PYTHONPATH=$(abspath tests/no_verl) $(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=5 \
+	  -m "not sandbox and not train and not verl" || rc=1; \
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=10 -m "verl and not sandbox and not train" || rc=1; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "sandbox or train" || rc=1; \
 	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting || rc=1; \
 	exit $$rc
