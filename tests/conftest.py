@@ -142,6 +142,10 @@ def smoke_assets() -> Path:
     once for all test sessions of this code: the tool model is taught on the CPU (about a minute,
     several under load), and `make test` runs three sessions, the first on two workers. Kept by
     the hash of the code that builds them (and torch's version), under a lock; read-only to tests.
+    The versions of what else shapes their bytes (transformers, tokenizers, pyarrow, verl) are
+    written in the folder's `built` marker and compared at each reuse: other versions build them
+    again. (Not in the key itself, so that assets already built here were not all built again;
+    a marker from before the versions were recorded is taken as this environment's.)
     test_smoke_assets builds them again to compare the bytes."""
     import fcntl
     import hashlib
@@ -154,14 +158,19 @@ def smoke_assets() -> Path:
     root = Path(tempfile.gettempdir()) / "verl-launch-smoke-assets"
     root.mkdir(exist_ok=True)
     out = root / key
+    versions = json.dumps({p: version(p) for p in ("transformers", "tokenizers", "pyarrow", "verl")}, sort_keys=True)
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be building them
-        if not (out / "built").exists():  # never built, or a build cut short
+        marker = out / "built"
+        said = marker.read_text() if marker.exists() else None
+        if said is None or (said and said != versions):  # never built, cut short, or other versions
             shutil.rmtree(out, ignore_errors=True)
             proc = subprocess.run([sys.executable, "-m", "launcher.smoke_assets", "--out", str(out)],
                                   capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL)
             assert proc.returncode == 0, proc.stderr[-3000:]
-            (out / "built").touch()
+            marker.write_text(versions)
+        elif not said:
+            marker.write_text(versions)
     return out
 
 

@@ -1,7 +1,10 @@
 """Counting a run's trajectories per step with Weave's stats query over step ranges
 (launcher/jobs/trace_tally.py): how many requests it takes at a run's scale, and what the summary
 says. The counts are the stand-in's own answers to the query `traces` builds
-(tests/standin_query.py), as its HTTP handler gives them."""
+(tests/standin_query.py), as its HTTP handler gives them, without the HTTP: the request body is
+built here rather than sent, so that thousands of steps cost no server. The real path, the
+launcher's own request over HTTP to the stand-in (and the real weave client reading back what
+it wrote), is tests/test_trace_reads.py; this module only beside it."""
 
 from __future__ import annotations
 
