@@ -20,8 +20,9 @@ LOGGER = "trainer.logger"
 # Derived keys the recipe's own value goes into, rather than contradicting them.
 MERGED = frozenset({LOGGER})
 # Ray's setup hook in every Ray worker of verl's job (templates/trace_flush.py, which the job puts
-# on the Ray processes' PYTHONPATH as this module): at verl's end, the agent-loop workers send
-# their last traces before Ray takes them down. Hydra's `+`: verl's runtime_env has no such key.
+# on the Ray processes' PYTHONPATH as this module): each agent-loop worker sends a step's traces
+# before it hands the step's rollouts back, so none is lost when Ray kills the workers at verl's
+# end. Hydra's `+`: verl's runtime_env has no such key.
 SETUP_HOOK = "ray_kwargs.ray_init.runtime_env.worker_process_setup_hook"
 TRACE_FLUSH_MODULE = "verl_launch_trace_flush"
 ADDED = frozenset({SETUP_HOOK})
@@ -38,7 +39,7 @@ def loggers(r: Recipe) -> List[str]:
 
 
 def flushes(r: Recipe) -> bool:
-    """Whether the job flushes the agent-loop workers' Weave clients at verl's end."""
+    """Whether the agent-loop workers flush their Weave clients after each step's rollouts."""
     return r.trace.backend == "weave" and r.trace.flush_timeout > 0
 
 
@@ -50,7 +51,7 @@ def derived(r: Recipe) -> Dict[str, Tuple]:
     }
     if flushes(r):
         d[SETUP_HOOK] = (f"{TRACE_FLUSH_MODULE}.setup", "trace.flush_timeout",
-                         "the job flushes the agent-loop workers' traces at verl's end through Ray's setup hook; "
+                         "the agent-loop workers send each step's traces through Ray's setup hook; "
                          "trace.flush_timeout=0 leaves the hook to you (and the last second's traces may be lost)")
     if r.trace.backend != "none":
         d[f"{TRACE}.token2text"] = (r.trace.token2text, "trace.token2text")

@@ -105,9 +105,9 @@ class Trace:
     # Before training, every node checks that W&B answers with the key: if not, `fail` the job
     # at once, or `disable` tracing (W&B metrics then go offline, for `wandb sync`) and go on.
     on_unreachable: str = "fail"
-    # At verl's end (its loggers' finish), every agent-loop worker sends what its Weave client still
-    # holds before Ray takes the workers down: this many seconds at most, for all of them (0: no
-    # flush; the last second's traces may then be lost).
+    # After each step's rollouts, every agent-loop worker waits this many seconds at most for its
+    # Weave client to send the step's traces, so that none is lost when Ray kills the workers at
+    # verl's end (1 s after a wait that timed out; 0: no wait, the last second's traces may be lost).
     flush_timeout: int = 60
 
 

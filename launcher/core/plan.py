@@ -100,7 +100,7 @@ class Plan:
     verl_resolved: bool  # verl's preflight gave its resolved values (else the recipe's alone)
     cpu_need: Any  # what verl's Ray actors hold per node (verl_resources.Need; None: not verl)
     traces_per_step: Optional[int]  # rollout traces per training step (None: unknown; 0: no tracing)
-    trace_flush: Optional[int]  # seconds the last traces have at verl's end (templates/trace_flush.py); None: not Weave
+    trace_flush: Optional[int]  # seconds each agent-loop worker waits for a step's traces to be sent (templates/trace_flush.py); None: no flush
 
 
 def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = None,
