@@ -48,14 +48,15 @@ system-deps:
 # Everything, in four runs: the quick tier (verl kept out, as in test-quick) and the verl tier, each
 # on 2 workers (nothing of the sandbox's runs beside them), then the sandbox and training tests in
 # one process (beside a second worker the sandbox's timing-sensitive tests failed on 2 cores), then
-# the tests that read accounting again with slurmdbd. Each run goes on after another fails, so that
+# the tests that read accounting, with slurmdbd (once: of them only the `jobcomp` one also runs in
+# the third run, against Slurm's job-completion log, the fallback without slurmdbd). Each run goes on after another fails, so that
 # one report names every failure. docs/testing.md: the tiers, which training job serves which tests.
 test: system-deps install node-env
 	rc=0; \
 	PYTHONPATH=$(abspath tests/no_verl) $(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=5 \
 	  -m "not sandbox and not train and not verl" || rc=1; \
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=10 -m "verl and not sandbox and not train" || rc=1; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "sandbox or train" || rc=1; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "((sandbox or train) and not accounting) or jobcomp" || rc=1; \
 	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting || rc=1; \
 	exit $$rc
 

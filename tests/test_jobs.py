@@ -96,6 +96,7 @@ def test_status_of_200_runs_takes_a_bounded_number_of_queries(cli, sandbox, env,
 
 
 @pytest.mark.accounting  # the older run's job is not the controller's: sacct answers
+@pytest.mark.jobcomp  # and without slurmdbd, Slurm's job-completion log (sacct -c)
 def test_reused_job_id_does_not_report_another_jobs_state(cli, sandbox, env, tmp_path, monkeypatch):
     """Slurm restarts its ids when its state is wiped; a run must match its own job (by its run
     directory), never whatever job now holds the id. And one job's info has one shape whoever
