@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from conftest import RECIPES
+from launcher import backends
 from launcher.checks import preflight
+from launcher.core.prepare import prepare_each
 from launcher.errors import RecipeError
 from launcher.base.overrides import verl_args
 from launcher.core.recipe import load
@@ -216,12 +218,20 @@ def _tool_cases(tmp):
 def test_what_the_agent_loop_workers_would_import_is_imported_by_check(cli, clean_env, tmp_path):
     # A tool or agent loop that does not import fails in a Ray worker minutes into the job; a
     # turn limit that never lets a tool run, or that verl reads as none, is a recipe's mistake.
-    # `check` refuses each, exit 2, naming the key or the file, the class and the error.
-    for override, text in _tool_cases(tmp_path):
-        proc = cli("check", TOOLS, PY, override, env=clean_env, timeout=300)
-        assert proc.returncode == 2, (override, proc.stdout[-500:], proc.stderr)
-        assert "verl 0.9.1 rejects the overrides (imports)" in proc.stderr and text in proc.stderr, (override, proc.stderr)
-        assert f"{TOOLS}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    # `check` refuses each, exit 2, naming the key or the file, the class and the error: the first
+    # through the CLI, the rest through the same preparation all at once (one verl process, as a
+    # sweep's points: each case through the CLI was a verl start of its own, 2 minutes in all).
+    (override, text), *rest = _tool_cases(tmp_path)
+    proc = cli("check", TOOLS, PY, override, env=clean_env, timeout=300)
+    assert proc.returncode == 2, (override, proc.stdout[-500:], proc.stderr)
+    assert "verl 0.9.1 rejects the overrides (imports)" in proc.stderr and text in proc.stderr, (override, proc.stderr)
+    assert f"{TOOLS}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    backend = backends.choose(False)
+    prepared = prepare_each([backend.load(str(TOOLS), [PY, o], clean_env) for o, _ in rest], clean_env)
+    for (override, text), p in zip(rest, prepared):
+        said = "\n".join(map(str, p.problems))
+        assert "verl 0.9.1 rejects the overrides (imports)" in said and text in said, (override, said)
+        assert f"{TOOLS}" in said and "Traceback" not in said, said
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "agents-entry.yaml", "agents-map.yaml", "agents-noname.yaml", "agents-twice.yaml", "bad-agent.yaml",
         "bad-tool.yaml", "broken_tools.py", "no-module.yaml"]  # nothing written
