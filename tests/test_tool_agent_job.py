@@ -2,8 +2,8 @@
 ToolAgentLoop, driven by the smoke assets' tool model, calls the calculator in agent-loop
 workers (Ray actors) on both nodes, importing it through the recipe's PYTHONPATH, and GRPO trains
 on it. The tool here is the example's with a fault (tests/tools/faulty_calculator.py): every
-other call in each worker raises out of its execute (the first one always), as a broken tool's
-would, and verl answers the model with the error and goes on. One 2-step job serves every assertion; what happened is read from
+other traced call in each worker raises out of its execute (the first one always), as a broken
+tool's would, and verl answers the model with the error and goes on. One 2-step job serves every assertion; what happened is read from
 verl's log and from what the W&B stand-in received (the real weave client sending verl's own
 trace calls). It is a job of its own, not rows of the shared `trained` run: that run's model is
 the plain smoke model, which never writes a tool call."""
@@ -157,7 +157,7 @@ def test_every_tool_trajectory_holds_the_call_the_model_wrote_and_its_result(too
     assert len(silent) <= len(roots) // 4, silent
     print(f"\n{len(roots)} tool trajectories: {len(roots) - len(silent)} called the tool, {len(raised)} of those raised")
     assert {NODE_IP.get(c["client"]) for c in roots} == {"node1", "node2"}
-    # The first call in each worker raises: on both nodes the tool raised, and verl's error reached
+    # The first traced call in each worker raises: on both nodes the tool raised, and verl's error reached
     # the model's next turn (asserted above for each); so did a result where it did not raise.
     assert {NODE_IP.get(c["client"]) for c in raised} == {"node1", "node2"}, len(raised)
     assert len(raised) < len(roots) - len(silent), (len(raised), len(roots))
