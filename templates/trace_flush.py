@@ -113,12 +113,12 @@ def flush(step=None, validate=False):
     unsent = 0
     if _late:
         _late = True
-        try:  # Weave's own count of what it still holds
+        try:  # Weave's own count of what waits in its queues (not the batch it is sending)
             unsent = int(client._get_pending_jobs().get("total_jobs", 0))
         except Exception:  # noqa: BLE001
             unsent = -1
         _say(f"the Weave client had not sent everything after {bound:g} s (trace.flush_timeout): "
-             f"{unsent if unsent >= 0 else 'some'} uploads left at step {step}")
+             f"{f'at least {unsent}' if unsent > 0 else 'some'} uploads left at step {step}")
     _record({"step": step, "validate": validate, "flushed": done.is_set(), "unsent": unsent,
              "seconds": round(time.monotonic() - start, 3), "time": time.time()})
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections import Counter
 
 
 from sandbox_procs import job_processes
@@ -51,3 +53,17 @@ def test_a_dead_vllm_engine_ends_the_job_naming_it_and_leaves_nothing(sandbox, n
     (run,) = [r for r in job.wandb_runs.values() if r["name"] == "dead-engine"]
     assert [row["_step"] for row in run["history"]] == sorted(job.steps), (run["history"], job.steps)
     assert run["ends"] == [1], run["ends"]
+    # Weave: what the workers had traced is kept; the summary names the steps that completed, at
+    # the estimate, and the step the kill cut short with what arrived of it (issue 56)
+    est = json.loads((job.run_dir / "run.json").read_text())["traces_per_step"]
+    per = Counter(c["attributes"]["step"] for c in job.calls
+                  if c["parent_id"] is None and c["attributes"].get("validate") is False)
+    done = max(job.steps)
+    assert all(per[s] == est for s in range(1, done + 1)), (per, est)
+    traced = [line for line in job.out.splitlines() if line.startswith("traces ")][-1]
+    after = sum(n for s, n in per.items() if s > done)
+    cut = (rf" in the {done} completed steps; step {done + 1} did not complete: {after} of its trajectories "
+           rf"arrived \({est} estimated\)" if after else "")
+    print(f"summary: {traced}")
+    assert re.fullmatch(rf"traces +{sum(per.values())} received, steps 1-{done + (1 if after else 0)}, "
+                        rf"{est}/step as estimated{cut}", traced), (traced, per)

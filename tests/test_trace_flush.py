@@ -2,15 +2,16 @@
 inside verl's agent-loop workers (test_tool_agent_job: every step flushed, the last step whole):
 here its bound against a Weave client that stops answering, its records, the import hook that
 wraps verl's class only when verl imports it, and what `status` says of a flush that timed out.
-The client is a slow object with Weave's flush and pending-count methods, not Weave's own: what a
-server that never answers does to the real one is the same wait, and cannot be made on purpose
-here without a server that hangs."""
+Most use a slow object with Weave's flush and pending-count methods; one runs Weave's own client
+against the W&B stand-in, which stops answering uploads mid-run (a Weave server that hangs at the
+end)."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
 import json
+import subprocess
 import sys
 import time
 import types
@@ -19,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from wandb_standin import StandIn
 from launcher.core.paths import RunPaths
 from launcher.jobs.traces import flush_note
 
@@ -98,7 +100,7 @@ def test_each_step_is_sent_before_its_rollouts_go_back_and_a_silent_weave_costs_
     assert got == [(1, True, 0), (2, False, 3), (3, False, 3), (4, True, 0)]
     assert not flush._late
     said = capsys.readouterr().out
-    assert "the Weave client had not sent everything after 2 s (trace.flush_timeout): 3 uploads left at step 2" in said
+    assert "the Weave client had not sent everything after 2 s (trace.flush_timeout): at least 3 uploads left at step 2" in said
     assert "after 1 s" in said
 
 
@@ -135,8 +137,79 @@ def test_status_names_the_steps_whose_flush_timed_out(tmp_path):
     for node, rs in rows.items():
         (paths.logs / RunPaths.TRACE_FLUSH.format(node=node, restart=0)).write_text(
             "".join(json.dumps({"step": s, "flushed": f, "unsent": u}) + "\n" for s, f, u in rs))
-    assert flush_note(paths) == "traces not all sent within trace.flush_timeout at steps 2, 3 (5 uploads left)"
+    assert flush_note(paths) == "traces not all sent within trace.flush_timeout at steps 2, 3 (at least 5 uploads left)"
     time.sleep(0.01)  # a later restart's files are the run's now: all sent there
     (paths.logs / RunPaths.TRACE_FLUSH.format(node="node1-21", restart=1)).write_text(
         json.dumps({"step": 3, "flushed": True, "unsent": 0}) + "\n")
     assert flush_note(paths) is None
+
+
+# An agent-loop worker as the hook sees it, with Weave's real client (verl's accessor stands in for
+# verl, which this tier keeps out): a step answered, then the server stops answering uploads and two
+# steps' flushes are bounded; the process then ends as Ray ends a worker, with no exit hook.
+WORKER = """
+import importlib.util, json, os, sys, time, types
+import weave
+client = weave.init(sys.argv[1])
+for name in ("verl", "verl.utils"):
+    sys.modules[name] = types.ModuleType(name)
+trace = sys.modules["verl.utils.rollout_trace"] = types.ModuleType("verl.utils.rollout_trace")
+trace.RolloutTraceConfig = type("RolloutTraceConfig", (), {"get_client": staticmethod(lambda: client)})
+spec = importlib.util.spec_from_file_location("verl_launch_trace_flush", sys.argv[2])
+hook = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hook)
+
+@weave.op
+def trajectory(step, i):
+    return {"step": step, "sample": i}
+
+trajectory(1, 0)
+hook.flush(step=1)
+print("SENT", flush=True)
+sys.stdin.readline()  # the server stops answering uploads
+for step in (2, 3):
+    trajectory(step, 0)
+    trajectory(step, 1)
+    t0 = time.monotonic()
+    hook.flush(step=step)
+    print("FLUSH", step, round(time.monotonic() - t0, 2), flush=True)
+os._exit(0)
+"""
+
+
+def test_a_weave_that_stops_answering_bounds_each_flush_and_the_run_says_what_was_not_sent(clean_env, wandb_key,
+                                                                                        tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with StandIn(api_key=wandb_key) as w:
+        env = {**clean_env, "WANDB_BASE_URL": w.url, "WANDB_API_KEY": wandb_key, "WANDB_ENTITY": "team",
+               "WANDB_ERROR_REPORTING": "false", "WEAVE_HTTP_TIMEOUT": "30", "SLURMD_NODENAME": "node1",
+               "VERL_LAUNCH_TRACE_FLUSH_TIMEOUT": "3",
+               "VERL_LAUNCH_TRACE_FLUSH_FILE": str(logs / RunPaths.TRACE_FLUSH.format(node="%w", restart=0))}
+        proc = subprocess.Popen([sys.executable, "-c", WORKER, "team/flush-test", str(ROOT / "templates" / "trace_flush.py")],
+                                env=env, cwd=tmp_path, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout.readline().strip() == "SENT", proc.stderr.read()[-3000:]
+            assert [c["op_name"] for c in w.calls if c["inputs"].get("step") == 1], w.calls  # step 1 arrived
+            w.stall_uploads.set()
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+            t0 = time.monotonic()
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        ended = time.monotonic() - t0
+        assert proc.returncode == 0, err[-3000:]
+        seconds = {int(s): float(t) for _, s, t in (line.split() for line in out.splitlines() if line.startswith("FLUSH"))}
+        assert 3 <= seconds[2] < 5 and 1 <= seconds[3] < 2.5, (seconds, err[-2000:])  # the bound, then 1 s
+        assert ended < 12, ended  # the worker's end waits for nothing more
+        assert not [c for c in w.calls if (c["inputs"] or {}).get("step") in (2, 3)]
+    [f] = logs.glob("trace-flush-node1-*.r0.jsonl")
+    got = [json.loads(x) for x in f.read_text().splitlines()]
+    assert [(r["step"], r["flushed"]) for r in got] == [(1, True), (2, False), (3, False)], got
+    # Weave's count is what waits in its queue: step 2's batch, in flight, is not in it; step 3's is
+    assert got[0]["unsent"] == 0 and got[2]["unsent"] >= 2, got
+    note = flush_note(RunPaths(tmp_path))
+    assert note == ("traces not all sent within trace.flush_timeout at steps 2, 3 "
+                    f"(at least {got[1]['unsent'] + got[2]['unsent']} uploads left)")

@@ -57,7 +57,8 @@ wandb-core sends no credentials to upload URLs (W&B's are signed storage URLs), 
 the ``uploadHeaders`` CreateRunFiles returns; the stand-in returns the caller's own
 Authorization there, so uploads are checked like the rest. A wrong key fails
 ``wandb.init`` at once (wandb-core does not retry a 401).
-``mode="silent"`` accepts TCP connections and never answers, for reachability timeouts.
+``mode="silent"`` accepts TCP connections and never answers, for reachability timeouts;
+``stall_uploads.set()`` makes a running stand-in stop answering trace uploads (reads still answer).
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ class StandIn:
         self._changed = threading.Condition(self._lock)
         self._expected_auth = "Basic " + base64.b64encode(f"api:{api_key}".encode()).decode()
         self._held: list[socket.socket] = []       # silent mode: connections kept open
+        # Set: trace uploads (calls, objects) are read and never answered until stop(), as a
+        # Weave server that stops answering mid-run; the reads still answer.
+        self.stall_uploads = threading.Event()
+        self._stopping = threading.Event()
         self._starts: dict[str, tuple[dict, str | None, str | None]] = {}  # unpaired call starts
 
         if mode == "silent":
@@ -135,6 +140,7 @@ class StandIn:
         return self
 
     def stop(self) -> None:
+        self._stopping.set()  # stalled handlers give up their connections
         if self._server:
             self._server.shutdown()
             self._server.server_close()
@@ -348,6 +354,10 @@ def _make_handler(standin: StandIn):
                 standin._record(body=body, path=path, size=(len(raw), len(json.dumps(body)) if body else 0))
             if method == "POST" and path in _READS:
                 return self._read(path, body, ok)
+            if method == "POST" and path.startswith("/traces/") and standin.stall_uploads.is_set():
+                standin._stopping.wait()
+                self.close_connection = True
+                return
             # Routed even without the key, so calls sent with a wrong key are recorded
             # (auth_ok False) and a test can see what would have leaked; the answer is 401.
             status, payload = self._route(method, path, body, raw, ok, self.client_address[0])

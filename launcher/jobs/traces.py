@@ -290,7 +290,8 @@ def why_none(run: dict) -> str:
 def flush_note(paths: RunPaths) -> Optional[str]:
     """The steps at which an agent-loop worker had not sent all its traces within
     trace.flush_timeout (templates/trace_flush.py's records, the latest run's), if any:
-    'traces not all sent within trace.flush_timeout at steps 7, 8 (3 uploads left)'."""
+    'traces not all sent within trace.flush_timeout at steps 7, 8 (at least 3 uploads left)'. At
+    least: Weave counts what waits in its queues, not the batch it is sending."""
     latest = paths.latest(RunPaths.TRACE_FLUSH)
     if latest is None:
         return None
@@ -312,4 +313,4 @@ def flush_note(paths: RunPaths) -> Optional[str]:
     steps = sorted({s for s in late if isinstance(s, int)})
     named = ", ".join(map(str, steps[:6])) + (", ..." if len(steps) > 6 else "")
     return (f"traces not all sent within trace.flush_timeout at step{'s' if len(steps) > 1 else ''} {named or '?'}"
-            + (f" ({left} uploads left)" if left else ""))
+            + (f" (at least {left} uploads left)" if left else ""))
