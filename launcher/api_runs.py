@@ -49,6 +49,7 @@ class Run:
         run = self.record
         row = state.row(run, state.states([run])[self.run_dir])
         row["traces"] = self._traces_seen(row) if traces else None
+        row["goodput"] = self._goodput(row)
         shown = state.wandb_links(run)
         row["links"] = shown if run.get("entity") else {}
         row["link_templates"] = {} if run.get("entity") else shown
@@ -86,6 +87,38 @@ class Run:
         from .jobs.trace_tally import Tally
 
         return Tally.of(counts, self.record.get("traces_per_step"), self.status(traces=False)["steps_done"])
+
+    def report(self, price: Optional[float] = None):
+        """Where the run's allocation went (jobs/report.Report: its attempts, each part's seconds,
+        the steps kept and lost, goodput; to_dict(), line()), from the run's own files and Slurm's
+        accounting. PRICE per GPU-hour: default the recipe's cluster.gpu_hour_price."""
+        from .jobs import report
+
+        if not Path(self.run_dir).is_dir():
+            raise RecipeError("the run directory does not exist (moved or deleted?)", where=self.run_dir)
+        record = {**(self.paths.read_record() or {}), **self.record}
+        if price is None:
+            try:
+                price = ((self.paths.resolved_recipe().get("cluster") or {}).get("gpu_hour_price"))
+            except (OSError, ValueError, RecipeError):
+                price = None
+        try:
+            allocations, unasked = self._backend().allocations(self.record), None
+        except SlurmError as e:  # no Slurm here (a laptop with the run dir): the job's own marks
+            allocations, unasked = [], f"Slurm could not be asked ({e}): each attempt is timed by the job's own marks"
+        rep = report.build(self.paths, record, allocations, price)
+        if unasked:
+            rep.gaps[:] = [unasked] + [g for g in rep.gaps if "no allocation in Slurm's accounting" not in g]
+        return rep
+
+    def _goodput(self, row: dict) -> Optional[str]:
+        """status's goodput line (report's line()), or None before the job starts."""
+        if row["state"] in ("PENDING", "UNKNOWN"):
+            return None
+        try:
+            return self.report().line()
+        except (RecipeError, SlurmError, OSError, ValueError) as e:
+            return f"not known: {e}"
 
     def _tally(self, environ, done: Optional[int]):
         from .jobs import traces

@@ -18,7 +18,7 @@
 #   may fail of it before a verdict is due), so that the job's phase names the engine.
 # Exits 0 if this Ray has no such API: the job then runs on without the watchdog.
 # argv: GCS_ADDRESS STATE_FILE VERDICT_FILE NODES_FILE DRIVER_LOG PENDING_TIMEOUT LOST_FILE
-#       STALL_TIMEOUT ENGINE_FILE [POLL_S]
+#       STALL_TIMEOUT ENGINE_FILE STEPS_FILE [POLL_S]
 import json
 import os
 import re
@@ -29,7 +29,8 @@ from collections import Counter
 
 gcs, state_file, reason_file, nodes_file, driver_log = sys.argv[1:6]
 pending_timeout, lost_file, stall_timeout, engine_file = float(sys.argv[6]), *sys.argv[7:10]
-poll = float(sys.argv[10]) if len(sys.argv) > 10 else 2.0
+steps_file = sys.argv[10] if len(sys.argv) > 10 else None  # when each step was first seen (`report`)
+poll = float(sys.argv[11]) if len(sys.argv) > 11 else 2.0
 EVIDENCE_GRACE = 20  # s: a driver that fails of the death itself says better why
 STALL_FLOOR, STALL_STEPS = 1800, 10  # "auto" (launcher/checks/fields.py says the same to users)
 hosts = {}
@@ -302,6 +303,16 @@ def stall_limit(slowest):
     return float(stall_timeout)
 
 
+def note_step(step):
+    """One line in the steps file: the step and when it was first seen (within a poll)."""
+    if steps_file:
+        try:
+            with open(steps_file, "a") as f:
+                f.write(json.dumps({"step": step, "time": round(time.time(), 3)}) + "\n")
+        except OSError:
+            pass
+
+
 def last_look(*_):
     """Stopped at teardown: the driver may have logged its last steps, or an engine's death,
     since the last poll."""
@@ -310,6 +321,8 @@ def last_look(*_):
     if last_state is not None:
         train = training()
         if train[0] != last_state["step"]:
+            if train[0] is not None:
+                note_step(train[0])
             write_state(dict(last_state, step=train[0], total_steps=train[1], seconds_per_step=train[2],
                              resumed_from=train[3], training=progress(*train)))
     sys.exit(0)
@@ -349,6 +362,7 @@ while True:
     if step is not None and step != step_seen:
         slowest = max(slowest, now - step_at) if step_at is not None else slowest
         step_at, step_seen = now, step
+        note_step(step)
     text = summary(actors, pgs, train)
     state = {"summary": text, "step": step, "total_steps": train[1], "seconds_per_step": train[2],
              "resumed_from": train[3],

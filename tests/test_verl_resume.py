@@ -289,3 +289,44 @@ def test_serve_check_is_refused_when_the_interpreter_has_no_vllm(resumed, cli):
         assert f"{sys.executable} has no vllm module" in proc.stderr and "command line" in proc.stderr
     assert not (ckpt / ".verl-launch-merge").exists()
     assert (set((job.run_dir / "merge").glob("*")) if (job.run_dir / "merge").exists() else set()) == before
+
+
+def test_report_accounts_for_each_attempts_allocation_across_the_requeues(resumed, cli, tmp_path):
+    """Issue 57 on the requeued run: one run across its three attempts, each timed by Slurm's own
+    accounting, its parts adding up to that allocation within 3%; the steps kept are verl's
+    logged steps (and those saved at a requeue before verl logged them), each step logged twice
+    is lost in the earlier attempt with its seconds; --json round trip, the picture, status's line."""
+    job = resumed
+    out = cli("report", job.job_id, "--json", "--plot", str(tmp_path / "timeline.png"), env=job.env)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert not [g for g in d["gaps"] if "no step times" in g or "Slurm" in g], d["gaps"]  # the watchdog's times
+    slurm = subprocess.run(["sacct", "-c", "-D", "-n", "-P", "-j", job.job_id, "-o", "Start,End,NNodes"],
+                           env=job.env, capture_output=True, text=True).stdout.split()
+    spans = [(time.mktime(time.strptime(s, "%Y-%m-%dT%H:%M:%S")), time.mktime(time.strptime(e, "%Y-%m-%dT%H:%M:%S")),
+              int(n)) for s, e, n in (x.split("|") for x in slurm)]
+    attempts = d["attempts"]
+    assert [(a["start"], a["end"], a["nodes"]) for a in attempts] == spans, (attempts, slurm)
+    logged = {r: sorted(parse_steps(_log(job, r))) for r in range(3)}
+    for r, a in enumerate(attempts):
+        seconds = a["end"] - a["start"]
+        named = sum(v for k, v in a["parts"].items() if k != "unaccounted")
+        assert abs(named - seconds) <= 0.03 * seconds, (r, a["parts"], seconds)
+        assert a["parts"]["verl-start"] > 30 and a["parts"]["bring-up"] > 0, a["parts"]
+        assert [s["step"] for s in a["steps"]] == logged[r]
+        later = min(logged[r + 1]) if r < 2 else STEPS + 1
+        assert a["lost_steps"] == [s for s in logged[r] if s >= later]
+        assert a["unlogged"] == list(range(max(logged[r], default=job.requeuer.tracker[r] or 0) + 1, later))
+        redone = sum(s["seconds"] for s in a["steps"] if not s["kept"])
+        assert a["parts"]["lost"] >= redone - 0.01  # each redone step's own seconds, at least
+    assert attempts[2]["parts"]["validation"] > 0 and attempts[2]["ended"] == "driver-end rc=0"
+    assert d["steps_kept"] == STEPS  # every step once, logged or saved at a requeue
+    assert d["steps_logged"] == len({s for ss in logged.values() for s in ss})
+    assert 0 < d["goodput"] < 1
+    from launcher.jobs.report import Report
+
+    assert json.loads(json.dumps(Report.from_dict(d).to_dict())) == d
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    shutil.copy(tmp_path / "timeline.png", job.run_dir / "report-timeline.png")  # to look at after the run
+    st = cli("status", job.job_id, env=job.env).stdout
+    assert re.search(r"^goodput +\d+% of [\d,]+ node-s allocated kept training \(3 attempts", st, re.M), st

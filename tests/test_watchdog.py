@@ -48,7 +48,7 @@ def test_a_stall_timeout_that_is_not_positive_seconds_is_refused(cli, clean_env,
 def test_stall_timeout_reaches_the_watchdog(cli, clean_env, value, script):
     proc = cli("render", RECIPES / "sandbox-demo.yaml", f"cluster.stall_timeout={value}", env=clean_env)
     assert proc.returncode == 0, proc.stderr
-    assert f'"$LOG_DIR/lost-nodes.r$RESTART.txt" \\\n  {script} "$ENGINE_FILE" <<' in proc.stdout
+    assert f'"$LOG_DIR/lost-nodes.r$RESTART.txt" \\\n  {script} "$ENGINE_FILE" "$LOG_DIR/steps.r$RESTART.jsonl" <<' in proc.stdout
 
 
 def test_a_run_with_no_new_step_for_stall_timeout_ends_and_a_slow_start_does_not(cli, sandbox, clean_env, tmp_path):

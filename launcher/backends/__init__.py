@@ -39,6 +39,10 @@ class Backend(Protocol):
 
     def cancel(self, run: dict) -> None: ...
 
+    def allocations(self, run: dict) -> Optional[List[dict]]:
+        """Each attempt's allocation in order ({start, end, nodes, submit}, epoch seconds); None
+        where no scheduler allocates (a local run)."""
+
     def wait(self, run: dict, on_change=None, poll: float = 2.0, timeout: Optional[float] = None, **kw) -> dict:
         """Until the run ends (or TIMEOUT): its last job info."""
 

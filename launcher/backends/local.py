@@ -276,6 +276,10 @@ class LocalBackend:
         raise SlurmError(f"run {run['job_id']} ran locally (submit --local), not under Slurm: "
                          "stop it with Ctrl-C where it runs")
 
+    def allocations(self, run: dict) -> Optional[List[dict]]:
+        """None: no scheduler allocated anything; the run's own marks are its times."""
+        return None
+
     def ended(self, run: dict):
         state = self.states([run])[run["run_dir"]]["state"]
         return state != "RUNNING", state

@@ -129,6 +129,10 @@ class SlurmBackend:
     def states(self, runs: List[dict]) -> dict:
         return WATCHER.states(runs) if runs else {}
 
+    def allocations(self, run: dict) -> Optional[List[dict]]:
+        """Each attempt's allocation (start, end, nodes, submit), from Slurm's records."""
+        return slurm.allocations(run)
+
     def cancel(self, run: dict) -> None:
         slurm.cancel(run["job_id"])
         WATCHER.forget()

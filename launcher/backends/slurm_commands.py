@@ -248,18 +248,7 @@ def states(runs: List[dict]) -> dict:
     calls (one scontrol, then one sacct per 300 ended jobs). A job is matched by its working
     directory, the run's own directory, so a job id that Slurm reused for another job does not
     make an old run report the new job's state."""
-    def mine(run, info):
-        if info is None:
-            return False
-        if info.get("work_dir"):  # Slurm records the physical path: compare those (a sweep's: its dir)
-            return os.path.realpath(info["work_dir"]) == os.path.realpath(run.get("work_dir") or run.get("run_dir") or "")
-        # No working directory on record (a job not yet started, in some accounting): its
-        # submit time must fall while this run's sbatch ran.
-        t = slurm_time(info.get("submit"))
-        created, submitted = run.get("created"), run.get("submitted")
-        return t is not None and created is not None and submitted is not None \
-            and int(created) - 1 <= t <= submitted + 2
-
+    mine = _mine
     ctl = _controller_jobs()
     out, rest = {}, []
     for run in runs:
@@ -276,6 +265,40 @@ def states(runs: List[dict]) -> dict:
             own = [info for i in _ids(run) for info in acc.get(i, []) if mine(run, info)]
             out[run["run_dir"]] = own[-1] if own else {"state": "UNKNOWN", "source": "none"}
     return out
+
+
+def _mine(run: dict, info: Optional[dict]) -> bool:
+    """Is INFO (Slurm's record of the run's job id) this run's, not another job's under a reused id?"""
+    if info is None:
+        return False
+    if info.get("work_dir"):  # Slurm records the physical path: compare those (a sweep's: its dir)
+        return os.path.realpath(info["work_dir"]) == os.path.realpath(run.get("work_dir") or run.get("run_dir") or "")
+    # No working directory on record (a job not yet started, in some accounting): its
+    # submit time must fall while this run's sbatch ran.
+    t = slurm_time(info.get("submit"))
+    created, submitted = run.get("created"), run.get("submitted")
+    return t is not None and created is not None and submitted is not None \
+        and int(created) - 1 <= t <= submitted + 2
+
+
+def allocations(run: dict) -> List[dict]:
+    """Each start of the run's job, in order (a requeued job's attempts): {start, end, nodes,
+    submit} in epoch seconds, from accounting (every attempt that ended) and the controller (the
+    one running now: its end is now). [] where Slurm keeps no record of it."""
+    out = []
+    for i in _ids(run):
+        for info in _accounting([i]).get(i, []):
+            start, end = slurm_time(info.get("start")), slurm_time(info.get("end"))
+            if _mine(run, info) and start and end and end >= start:
+                out.append({"start": start, "end": end, "nodes": int(info.get("num_nodes") or 0) or None,
+                            "submit": slurm_time(info.get("submit"))})
+    now = _controller_jobs().get(run["job_id"])
+    start = slurm_time(now.get("start")) if now and _mine(run, now) and now["state"] != "PENDING" else None
+    if start and not any(abs(a["start"] - start) < 1 for a in out):
+        end = slurm_time(now.get("end")) if ended(now) else time.time()
+        out.append({"start": start, "end": max(end or time.time(), start),
+                    "nodes": int(now.get("num_nodes") or 0) or None, "submit": slurm_time(now.get("submit"))})
+    return sorted(out, key=lambda a: a["start"])
 
 
 def _ids(run: dict) -> List[str]:

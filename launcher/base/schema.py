@@ -74,6 +74,9 @@ class Cluster:
     # a dead or stuck engine). Seconds; "auto": 10 x the slowest step seen, at least 1800 s;
     # "off". The clock starts at the first step; engine deaths and dead actors end it sooner.
     stall_timeout: Any = "auto"
+    # What a GPU-hour costs here (any currency): `report` then gives the run's cost and the cost
+    # per kept step. null: no cost shown.
+    gpu_hour_price: Optional[float] = None
 
 
 @dataclass

@@ -111,6 +111,8 @@ def validate(r: Recipe, blame) -> None:
         bad("cluster.ready_timeout", f"must be at least 10 seconds, got {c.ready_timeout}")
     if not 0 <= c.ray_start_retries <= 10:
         bad("cluster.ray_start_retries", f"must be 0 to 10, got {c.ray_start_retries}")
+    if c.gpu_hour_price is not None and not (c.gpu_hour_price >= 0 and c.gpu_hour_price < float("inf")):
+        bad("cluster.gpu_hour_price", f"must be a price of 0 or more, got {c.gpu_hour_price}")
     if c.object_store_memory is not None and c.object_store_memory < 78643200:
         bad("cluster.object_store_memory", "must be at least 75 MiB (Ray's minimum), in bytes")
     for name in ("partition", "account", "qos", "constraint"):

@@ -179,6 +179,9 @@ def _parser() -> argparse.ArgumentParser:
     from .traces import add_parser as traces_parser
 
     traces_parser(sub, REF_HELP)
+    from .report import add_parser as report_parser
+
+    report_parser(sub, REF_HELP)
     sy = sub.add_parser("sync", help="send a run's W&B metrics that stayed offline (wandb sync, once)",
                         description="Send a run's W&B metrics that stayed offline (W&B unreachable at the job's "
                                     "start with trace.on_unreachable=disable, or WANDB_MODE=offline) with wandb's own "
@@ -220,6 +223,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             from . import run as commands
         elif args.command == "traces":
             from . import traces as commands
+        elif args.command == "report":
+            from . import report as commands
         else:
             from . import jobs as commands  # the job toolkit
         return _flushed(getattr(commands, f"cmd_{args.command}")(args))

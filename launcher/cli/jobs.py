@@ -64,6 +64,8 @@ def cmd_status(args) -> int:
     for b in row["bad_nodes"]:  # what each restart was put down to (excluded when it requeued)
         print(redact(f"bad node   {b['node']} (run {b['restart']}): {b['why']}"))
     print(f"elapsed    {row['elapsed']}")
+    if row.get("goodput"):
+        print(f"goodput    {row['goodput']}")
     print(f"run dir    {row['run_dir']}")
     print(f"output     {row['stdout']}")
     shown = row["links"] or row["link_templates"]

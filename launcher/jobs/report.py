@@ -1,0 +1,340 @@
+"""Where a run's allocation went (`verl-launch report`): per attempt (a requeued run's restarts
+are attempts of one run, as its W&B run is one run), the allocated node-seconds split into
+bring-up, checks, verl's start, training kept (by verl's own step timings), validation,
+checkpoint saves, work lost (steps redone after a requeue, a step cut short), verl's end and the
+teardown, with what no record explains shown as unaccounted.
+
+Only local files and the allocation records it is given: the job's phases (phases.jsonl), verl's
+step lines in each attempt's driver log (`step:N - timing_s/gen:... - ...`), the watchdog's
+step times (logs/steps.rN.jsonl: when each step was first seen, within its 2 s poll) and the
+run's record. Slurm's accounting (each attempt's start, end and nodes) comes from the backend;
+where it has none, the job's own first and last marks stand in, and the report says so. What it
+cannot account (a missing or truncated file) is named in `gaps`, never guessed silently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..core.paths import RunPaths
+
+# The parts, in the order a run spends them; "lost" is work done and not kept.
+PARTS = ("bring-up", "checks", "verl-start", "training", "validation", "checkpoint", "lost", "verl-end",
+         "teardown", "unaccounted")
+TRAINING = ("generation", "update", "log-prob", "weight-sync", "rest")  # a kept step, by verl's timings
+# verl's timing keys for each part of a step (legacy and V1 trainers; a missing key is 0)
+TIMINGS = {"generation": ("gen",), "update": ("update_actor", "update_critic"),
+           "log-prob": ("old_log_prob", "ref", "values"), "weight-sync": ("update_weights", "sync_weights"),
+           "validation": ("testing",), "checkpoint": ("save_checkpoint",)}
+CHECKS = ("inputs-check", "resume-check", "wandb-check")  # each lasts until the next mark
+DRIVER_ENDS = ("driver-end", "driver-error", "preempt", "hang", "ray-lost", "teardown")
+_STEP = re.compile(r"(?<![\w/])step:(\d+) - ([^\n]*)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CONTINUED = re.compile(r"^[\w/.\-]*:")
+_NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+@dataclass
+class Step:
+    step: int
+    seconds: float  # verl's timing_s/step
+    parts: Dict[str, float]  # TRAINING + validation, checkpoint: seconds
+    tokens: Optional[float] = None  # perf/total_num_tokens
+    end: Optional[float] = None  # when it ended (the watchdog's record), epoch seconds
+    kept: bool = True
+
+
+@dataclass
+class Attempt:
+    restart: int
+    start: Optional[float]  # the allocation (Slurm's accounting, else the job's first mark)
+    end: Optional[float]
+    nodes: int
+    source: str  # "slurm" or "marks": where start and end come from
+    queued: Optional[float] = None  # seconds waiting before this attempt (shown, not allocated)
+    ended: str = ""  # how the driver ended: the mark and its detail
+    parts: Dict[str, float] = field(default_factory=dict)
+    training: Dict[str, float] = field(default_factory=dict)
+    steps: List[Step] = field(default_factory=list)
+    lost_steps: List[int] = field(default_factory=list)
+    # steps trained and saved (a later attempt resumed after them) that verl had not logged when
+    # the attempt ended (a requeue at the save): their time is training, not split by verl's timings
+    unlogged: List[int] = field(default_factory=list)
+    marks: List[tuple] = field(default_factory=list)  # (name, time) for the picture
+
+    @property
+    def seconds(self) -> float:
+        return max((self.end or 0) - (self.start or 0), 0.0) if self.start and self.end else 0.0
+
+    @property
+    def node_seconds(self) -> float:
+        return self.seconds * self.nodes
+
+
+@dataclass
+class Report:
+    run_dir: str
+    job_id: Optional[str]
+    gpus_per_node: int
+    attempts: List[Attempt]
+    gaps: List[str]
+    price: Optional[float] = None  # per GPU-hour
+
+    def _kept(self) -> List[Step]:
+        return [s for a in self.attempts for s in a.steps if s.kept]
+
+    @property
+    def steps_kept(self) -> int:
+        """Steps whose training the run kept: logged and not redone, and saved but unlogged."""
+        return len(self._kept()) + sum(len(a.unlogged) for a in self.attempts)
+
+    @property
+    def allocated(self) -> float:
+        return sum(a.node_seconds for a in self.attempts)
+
+    @property
+    def goodput(self) -> Optional[float]:
+        """Kept training (validation and saves aside) over allocated, in node-seconds."""
+        kept = sum(a.parts.get("training", 0) * a.nodes for a in self.attempts)
+        return kept / self.allocated if self.allocated else None
+
+    @property
+    def tokens_per_gpu_second(self) -> Optional[float]:
+        steps = [s for s in self._kept() if s.tokens]
+        secs = sum(s.seconds for s in steps)
+        gpus = (self.attempts[-1].nodes if self.attempts else 0) * self.gpus_per_node
+        return sum(s.tokens for s in steps) / secs / gpus if steps and secs and gpus else None
+
+    @property
+    def cost(self) -> Optional[float]:
+        return self.price * self.allocated * self.gpus_per_node / 3600 if self.price is not None else None
+
+    def to_dict(self) -> dict:
+        kept = self._kept()
+        out = {"run_dir": self.run_dir, "job_id": self.job_id, "gpus_per_node": self.gpus_per_node,
+               "allocated_node_seconds": self.allocated, "goodput": self.goodput,
+               "tokens_per_gpu_second": self.tokens_per_gpu_second, "steps_kept": self.steps_kept,
+               "steps_logged": len(kept),
+               "parts": {p: sum(a.parts.get(p, 0) * a.nodes for a in self.attempts) for p in PARTS},
+               "gpu_hour_price": self.price, "cost": self.cost,
+               "cost_per_kept_step": self.cost / self.steps_kept if self.cost is not None and self.steps_kept else None,
+               "gaps": self.gaps, "attempts": [asdict(a) for a in self.attempts]}
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Report":
+        attempts = [Attempt(**dict(a, steps=[Step(**s) for s in a["steps"]], marks=[tuple(m) for m in a["marks"]]))
+                    for a in d["attempts"]]
+        return cls(d["run_dir"], d["job_id"], d["gpus_per_node"], attempts, d["gaps"], d.get("gpu_hour_price"))
+
+    def line(self) -> str:
+        """status's goodput line: 'goodput 41% of 1,234 node-s allocated (2 attempts; 3 steps lost)'."""
+        if not self.allocated:
+            return "no allocation yet"
+        lost = sum(len(a.lost_steps) for a in self.attempts)
+        g = self.goodput
+        text = (f"{g:.0%} of {self.allocated:,.0f} node-s allocated kept training" if g is not None else
+                f"{self.allocated:,.0f} node-s allocated")
+        more = [f"{len(self.attempts)} attempts"] if len(self.attempts) > 1 else []
+        more += [f"{lost} step{'s' if lost != 1 else ''} redone"] if lost else []
+        return text + (f" ({', '.join(more)})" if more else "") + " (verl-launch report)"
+
+
+# ----------------------------------------------------------------------------- reading a run's files
+def read_steps(log: Path) -> List[Step]:
+    """verl's step lines (the console logger's `step:N - key:value - ...`), the last of each step.
+    Ray's log streaming may cut a long line: the rest follows on lines of `key:value - ...` alone."""
+    by: Dict[int, Step] = {}
+    lines = _ANSI.sub("", log.read_text(errors="replace")).splitlines()
+    for i, line in enumerate(lines):
+        m = _STEP.search(line)
+        if not m:
+            continue
+        body = m.group(2)
+        for rest in lines[i + 1:]:
+            if rest.startswith("(") or " - " not in rest or not _CONTINUED.match(rest):
+                break
+            body += rest
+        metrics = {}
+        for pair in body.split(" - "):
+            key, _, value = pair.partition(":")
+            num = _NUM.search(value.split("(", 1)[-1])
+            if num:
+                metrics[key.strip()] = float(num.group())
+        secs = metrics.get("timing_s/step", metrics.get("perf/time_per_step"))
+        if secs is None:
+            continue
+        t = {k: sum(metrics.get(f"timing_s/{n}", 0.0) for n in names) for k, names in TIMINGS.items()}
+        named = sum(t.values())
+        parts = {k: t[k] for k in TRAINING if k in t}
+        parts.update(rest=max(secs - named, 0.0), validation=t["validation"], checkpoint=t["checkpoint"])
+        by[int(m.group(1))] = Step(int(m.group(1)), secs, parts, metrics.get("perf/total_num_tokens"))
+    return [by[s] for s in sorted(by)]
+
+
+def _jsonl(path: Path, gaps: List[str], what: str) -> List[dict]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        gaps.append(f"{what}: {path} cannot be read ({e.strerror or e})")
+        return []
+    out, bad = [], 0
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            bad += 1
+    if bad:
+        gaps.append(f"{what}: {bad} unreadable line(s) in {path} (truncated?): what they held is not accounted")
+    return out
+
+
+def build(paths: RunPaths, record: dict, allocations: Optional[List[dict]], price: Optional[float] = None) -> Report:
+    """The report of the run in PATHS. ALLOCATIONS: Slurm's accounting, one per attempt in order
+    ({start, end, nodes, submit} epoch seconds; [] where it has none; None: no scheduler, a local
+    run, whose own marks are its times)."""
+    gaps: List[str] = []
+    scheduled = allocations is not None
+    allocations = allocations or []
+    marks = _jsonl(paths.phases, gaps, "the job's phases") if paths.phases.exists() else []
+    if not paths.phases.exists():
+        gaps.append(f"the job's phases: {paths.phases} does not exist (the job never started, or it was lost): "
+                    "bring-up, checks and verl's start cannot be told apart")
+    restarts = sorted({int(m.get("restart", 0)) for m in marks} | set(range(len(allocations))))
+    attempts = []
+    for r in restarts:
+        mine = sorted(((m["phase"], float(m["time"]), m.get("detail", "")) for m in marks
+                       if int(m.get("restart", 0)) == r and "time" in m), key=lambda x: x[1])
+        alloc = allocations[r] if r < len(allocations) else None
+        attempts.append(_attempt(paths, r, mine, alloc, int(record.get("nodes") or 1), gaps, scheduled))
+    _mark_lost(attempts)
+    for a in attempts:
+        _split(a)
+        if a.unlogged:
+            after = f"after step {a.steps[-1].step}" if a.steps else "after the driver's start"
+            gaps.append(f"attempt {a.restart}: step{'s' if len(a.unlogged) > 1 else ''} "
+                        f"{', '.join(map(str, a.unlogged))} trained and saved (the next attempt resumed after "
+                        f"{'them' if len(a.unlogged) > 1 else 'it'}) but not logged before the attempt ended: "
+                        + ("the time " + after + " is training, not split by verl's timings" if a.steps else
+                           "its time is counted as verl's start, not split"))
+    for i, a in enumerate(attempts):
+        before = allocations[i].get("submit") if i == 0 and allocations else (attempts[i - 1].end if i else
+                                                                               record.get("submitted"))
+        a.queued = max(a.start - before, 0.0) if a.start and before else None
+    return Report(str(paths.run_dir), record.get("job_id"), int(record.get("gpus_per_node") or 1), attempts, gaps, price)
+
+
+def _attempt(paths: RunPaths, r: int, marks: list, alloc: Optional[dict], nodes: int, gaps: List[str],
+             scheduled: bool) -> Attempt:
+    """SCHEDULED: Slurm allocated it (a local run is timed by its own marks, and says nothing of it)."""
+    if alloc and alloc.get("start") and alloc.get("end"):
+        a = Attempt(r, alloc["start"], alloc["end"], int(alloc.get("nodes") or nodes), "slurm")
+    else:
+        a = Attempt(r, marks[0][1] if marks else None, marks[-1][1] if marks else None, nodes, "marks")
+        if marks and scheduled:
+            gaps.append(f"attempt {r}: no allocation in Slurm's accounting: from the job's first mark to its last "
+                        "(the time before the script's start and after its last mark is not counted)")
+    a.marks = [(n, t) for n, t, _ in marks]
+    log = paths.driver_log(r)
+    if any(n == "driver-start" for n, _, _ in marks):
+        if log.exists():
+            a.steps = read_steps(log)
+        else:
+            gaps.append(f"attempt {r}: verl's log {log} is missing: its steps are not accounted")
+    ends = [(n, t, d) for n, t, d in marks if n in DRIVER_ENDS and t >= _at(marks, "driver-start", 0)]
+    a.ended = f"{ends[0][0]} {ends[0][2]}".strip() if ends else ""
+    steps_file = paths.file(RunPaths.STEPS, restart=r)
+    times: Dict[int, float] = {}
+    for e in _jsonl(steps_file, gaps, "the watchdog's step times") if steps_file.exists() else []:
+        if isinstance(e.get("step"), int) and isinstance(e.get("time"), (int, float)):
+            times.setdefault(e["step"], float(e["time"]))
+    if a.steps and not any(s.step in times for s in a.steps):
+        gaps.append(f"attempt {r}: no step times ({steps_file.name}): its steps are placed back to back, the "
+                    "last ending with the driver")
+        times[a.steps[-1].step] = ends[0][1] if ends else (a.end or 0)
+    _place(a.steps, times)
+    return a
+
+
+def _place(steps: List[Step], times: Dict[int, float]) -> None:
+    """Each step's end: the watchdog's time where it saw the step, else next to a neighbour's
+    (it polls every 2 s: steps shorter than that may pass unseen), by verl's own step times."""
+    for s in steps:
+        s.end = times.get(s.step)
+    for prev, s in zip(steps, steps[1:]):  # after a known one
+        if s.end is None and prev.end is not None:
+            s.end = prev.end + s.seconds
+    for s, nxt in reversed(list(zip(steps, steps[1:]))):  # before one
+        if s.end is None and nxt.end is not None:
+            s.end = nxt.end - nxt.seconds
+
+
+def _at(marks: list, name: str, default=None):
+    return next((t for n, t, _ in marks if n == name), default)
+
+
+def _mark_lost(attempts: List[Attempt]) -> None:
+    """A step trained again by a later attempt was lost (after the attempt's last checkpoint);
+    steps the later attempt resumed after, beyond what this one logged, were kept unlogged."""
+    for i, a in enumerate(attempts):
+        later = [s.step for b in attempts[i + 1:] for s in b.steps]
+        first = min(later) if later else None
+        for s in a.steps:
+            s.kept = first is None or s.step < first
+        a.lost_steps = [s.step for s in a.steps if not s.kept]
+        last = max([s.step for s in a.steps], default=_before(attempts, i))
+        if first is not None and last is not None and first - 1 > last and a.marks:
+            a.unlogged = list(range(last + 1, first))
+
+
+def _before(attempts: List[Attempt], i: int) -> Optional[int]:
+    """The last step logged before attempt I (where it resumed), if any attempt logged one."""
+    steps = [s.step for b in attempts[:i] for s in b.steps]
+    return max(steps) if steps else None
+
+
+def _split(a: Attempt) -> None:
+    """The attempt's parts, in seconds of its allocation (x nodes for node-seconds)."""
+    marks = [(n, t, "") for n, t in a.marks]
+    p = dict.fromkeys(PARTS, 0.0)
+    t = dict.fromkeys(TRAINING, 0.0)
+    if a.start is None or a.end is None:
+        a.parts, a.training = p, t
+        return
+    for i, (n, at, _) in enumerate(marks):
+        if n in CHECKS and i + 1 < len(marks):
+            p["checks"] += marks[i + 1][1] - at
+    dstart = _at(marks, "driver-start")
+    up_to = _at(marks, "ready") or dstart or (marks[-1][1] if marks else a.end)
+    p["bring-up"] = max(min(up_to, a.end) - a.start - p["checks"], 0.0)
+    dend = next((at for n, at, _ in marks if n in DRIVER_ENDS and dstart is not None and at >= dstart), None)
+    if dstart is not None:
+        dend = dend if dend is not None else a.end
+        first = (a.steps[0].end - a.steps[0].seconds) if a.steps else dend
+        p["verl-start"] = max(first - dstart, 0.0)
+        for s in a.steps:
+            if s.kept:
+                for k in TRAINING:
+                    t[k] += s.parts.get(k, 0.0)
+                p["validation"] += s.parts.get("validation", 0.0)
+                p["checkpoint"] += s.parts.get("checkpoint", 0.0)
+            else:
+                p["lost"] += s.seconds
+        if a.steps:
+            tail = max(dend - a.steps[-1].end, 0.0)
+            # after the last logged step: steps trained and saved but not logged (kept), a step cut
+            # short (lost), or verl's own end
+            if a.unlogged:
+                t["rest"] += tail
+            else:
+                p["verl-end" if a.ended.startswith("driver-end rc=0") else "lost"] += tail
+        p["teardown"] = max(a.end - dend, 0.0)
+    elif marks:
+        p["teardown"] = max(a.end - up_to, 0.0)
+    p["training"] = sum(t.values())
+    p["unaccounted"] = a.seconds - sum(v for k, v in p.items() if k != "unaccounted")
+    a.parts, a.training = p, t

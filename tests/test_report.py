@@ -1,0 +1,164 @@
+"""`verl-launch report`: where a run's allocation went, from run directories written as jobs leave
+them (tests/synthetic_run.py): the parts add up to each attempt's allocation, steps redone after a
+requeue are lost with their seconds, steps saved but not logged are kept, the JSON round trip,
+the picture, and what it says of missing or truncated files. The suite's requeued run is reported
+in tests/test_verl_resume.py (Slurm's accounting, the watchdog's real step times)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from launcher.core.paths import RunPaths
+from launcher.jobs import report
+from synthetic_run import REST, TIMING, seconds, write_run
+
+# Requeued twice: attempt 0 saves at 2, trains 3 and is requeued in step 4 (3 is redone);
+# attempt 1 resumes from 2, saves at 4 and is preempted right after (4 saved, not logged);
+# attempt 2 resumes from 4 and ends.
+PLAN = [{"steps": [1, 2, 3], "saves": [2], "tail": 12.0, "ends": "teardown rc=143"},
+        {"steps": [3], "saves": [4], "unlogged": 33.0, "tail": 0.5, "ends": "preempt"},
+        {"steps": [5, 6, 7], "saves": [6, 7], "validate": [7], "tail": 4.0}]
+
+
+def _report(tmp_path, plan=PLAN, **kw):
+    allocs = write_run(tmp_path / "run", plan, **kw)
+    paths = RunPaths(tmp_path / "run")
+    return report.build(paths, paths.read_record(), allocs, price=2.0), allocs
+
+
+def test_each_attempts_parts_add_up_to_its_allocation_and_redone_steps_are_lost(tmp_path):
+    rep, allocs = _report(tmp_path)
+    assert len(rep.attempts) == 3
+    assert [g.split(":")[0] for g in rep.gaps] == ["attempt 1"] and "step 4 trained and saved" in rep.gaps[0]
+    for a, al in zip(rep.attempts, allocs):
+        assert a.source == "slurm" and a.node_seconds == pytest.approx((al["end"] - al["start"]) * 2)
+        named = sum(v for k, v in a.parts.items() if k != "unaccounted")
+        assert abs(named - a.seconds) <= 0.03 * a.seconds, (a.restart, a.parts, a.seconds)
+        assert a.parts["verl-start"] == pytest.approx(100.0, abs=1.1)  # the watchdog sees a step within 1 s
+    first, second, last = rep.attempts
+    assert first.lost_steps == [3] and first.unlogged == []  # trained again by attempt 1
+    assert first.parts["lost"] == pytest.approx(seconds(3) + 12.0, abs=1.1)  # step 3, and step 4 cut short
+    assert second.unlogged == [4] and second.lost_steps == []
+    assert second.training["rest"] == pytest.approx(REST + 33.0 + 0.5, abs=1.1)  # step 4 saved, not logged
+    assert last.parts["validation"] == 4.0 and last.parts["checkpoint"] == 4.0
+    assert last.parts["verl-end"] == pytest.approx(4.0, abs=1.1) and last.parts["lost"] == 0
+    assert last.training["generation"] == 3 * TIMING["gen"]
+    assert last.training["log-prob"] == 3 * (TIMING["old_log_prob"] + TIMING["ref"])
+    d = rep.to_dict()
+    assert d["steps_kept"] == 7 and d["steps_logged"] == 6  # 1, 2, 3 (again), 5, 6, 7; and 4 unlogged
+    assert d["parts"]["lost"] == pytest.approx((seconds(3) + 12.0) * 2, abs=2.2)  # node-seconds
+    assert 0 < d["goodput"] < 1
+    assert d["goodput"] == pytest.approx(sum(a.parts["training"] * 2 for a in rep.attempts) / d["allocated_node_seconds"])
+    assert d["tokens_per_gpu_second"] == pytest.approx(6 * 600 / sum(seconds(s, PLAN[i]) for i, ss in
+                                                                     ((0, [1, 2]), (1, [3]), (2, [5, 6, 7]))
+                                                                     for s in ss) / 2)
+    assert d["cost"] == pytest.approx(2.0 * d["allocated_node_seconds"] / 3600)
+    assert d["cost_per_kept_step"] == pytest.approx(d["cost"] / 7)
+    assert rep.attempts[1].queued == pytest.approx(10.0)
+    assert "3 attempts" in rep.line() and "1 step redone" in rep.line()
+
+
+def test_json_round_trip_through_the_cli(tmp_path, cli, clean_env):
+    write_run(tmp_path / "run", PLAN)
+    out = cli("report", str(tmp_path / "run"), "--json", env=clean_env)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert json.loads(json.dumps(report.Report.from_dict(d).to_dict())) == d
+    # no Slurm here: the job's own marks time each attempt, and the report says so once
+    assert d["gaps"][0].startswith("Slurm could not be asked") and len(d["gaps"]) == 2, d["gaps"]
+    assert [a["source"] for a in d["attempts"]] == ["marks"] * 3
+    text = cli("report", str(tmp_path / "run"), env=clean_env).stdout
+    assert "attempt 1" in text and "redone later (3)" in text and "(4 saved, not logged)" in text
+    assert text.count("|") == 6  # a terminal timeline per attempt
+
+
+def test_the_picture_has_one_row_per_attempt(tmp_path, cli, clean_env):
+    write_run(tmp_path / "run", PLAN)
+    png = tmp_path / "timeline.png"
+    out = cli("report", str(tmp_path / "run"), "--plot", str(png), env=clean_env)
+    assert out.returncode == 0, out.stderr
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", head[16:24])
+    assert width > 1000 and height > 300
+    from launcher.jobs.report_plot import _segments
+
+    rep = report.Report.from_dict(json.loads(cli("report", str(tmp_path / "run"), "--json", env=clean_env).stdout))
+    for a in rep.attempts:  # what is drawn in each row covers the attempt, in order
+        segs = _segments(a)
+        assert all(s1 + d1 == pytest.approx(s2) for (_, s1, d1), (_, s2, _) in zip(segs, segs[1:]))
+        assert segs[-1][1] + segs[-1][2] == pytest.approx(a.seconds - a.parts["unaccounted"], abs=0.5)
+
+
+def test_plot_without_matplotlib_exits_2_naming_the_extra(tmp_path, clean_env):
+    write_run(tmp_path / "run", PLAN)
+    shim = tmp_path / "shim"
+    (shim / "matplotlib").mkdir(parents=True)
+    (shim / "matplotlib" / "__init__.py").write_text("raise ImportError('no matplotlib here')\n")
+    env = dict(clean_env, PYTHONPATH=f"{shim}:{ROOT}")
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "report", str(tmp_path / "run"), "--plot",
+                           str(tmp_path / "t.png")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert "verl-launch[plot]" in proc.stderr and "--plot" in proc.stderr
+    assert not (tmp_path / "t.png").exists() and proc.stdout == ""
+
+
+def test_missing_or_truncated_files_are_named_and_the_rest_is_printed(tmp_path, cli, clean_env):
+    write_run(tmp_path / "run", PLAN)
+    paths = RunPaths(tmp_path / "run")
+    text = paths.phases.read_text()
+    paths.phases.write_text(text[:-40])  # cut mid-line, as a node that died writing it
+    paths.driver_log(1).unlink()
+    paths.file(RunPaths.STEPS, restart=2).unlink()
+    out = cli("report", str(tmp_path / "run"), "--json", env=clean_env)
+    assert out.returncode == 0, out.stderr
+    gaps = json.loads(out.stdout)["gaps"]
+    assert any("unreadable line(s)" in g and "phases.jsonl" in g for g in gaps), gaps
+    assert any("attempt 1: verl's log" in g and "missing" in g for g in gaps), gaps
+    assert any("attempt 2: no step times" in g for g in gaps), gaps
+    d = json.loads(out.stdout)
+    assert [len(a["steps"]) for a in d["attempts"]] == [3, 0, 3]  # what could be read still counts
+
+
+def test_a_run_that_never_started_and_one_that_does_not_exist(tmp_path, cli, clean_env):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / RunPaths.RECORD).write_text(json.dumps({"job_id": "7", "run_dir": str(run), "nodes": 2}))
+    out = cli("report", str(run), env=clean_env)
+    assert out.returncode == 0, out.stderr
+    assert "nothing yet (the job has not started)" in out.stdout and "phases.jsonl does not exist" in out.stdout
+    gone = cli("report", str(tmp_path / "nowhere"), env=clean_env)
+    assert gone.returncode == 2 and "no run with job id or run directory" in gone.stderr
+
+
+def test_a_local_run_is_timed_by_its_own_marks_and_says_nothing_of_slurm(tmp_path):
+    allocs = write_run(tmp_path / "run", [{"steps": [1, 2]}], nodes=1)
+    paths = RunPaths(tmp_path / "run")
+    rep = report.build(paths, paths.read_record(), None)
+    assert rep.gaps == [] and rep.attempts[0].source == "marks"
+    assert rep.attempts[0].seconds == pytest.approx(allocs[0]["end"] - allocs[0]["start"] - 1 - 4.9, abs=0.01)
+    assert rep.attempts[0].parts["training"] > 0 and rep.goodput > 0
+
+
+def test_without_step_times_the_steps_end_with_the_driver_and_it_is_said(tmp_path):
+    rep, _ = _report(tmp_path, [{"steps": [1, 2], "tail": 0.0}], step_times=False)
+    a = rep.attempts[0]
+    assert a.steps[-1].end == pytest.approx([t for n, t in a.marks if n == "driver-end"][0])
+    assert a.parts["verl-start"] == pytest.approx(100.0, abs=0.01)
+    assert any("no step times" in g for g in rep.gaps)
+
+
+def test_a_step_line_ray_cut_in_two_is_read_whole(tmp_path):
+    log = tmp_path / "driver.r0.log"
+    log.write_text("\x1b[36m(TaskRunner pid=9)\x1b[0m step:4 - timing_s/gen:np.float64(10.5) - timing_s/upd\n"
+                   "ate_actor:2.0 - timing_s/step:14.0 - perf/total_num_tokens:300\n"
+                   "(TaskRunner pid=9) Training Progress: 4/7\n")
+    [s] = report.read_steps(log)
+    assert (s.step, s.seconds, s.tokens) == (4, 14.0, 300)
+    assert s.parts["generation"] == 10.5 and s.parts["update"] == 2.0 and s.parts["rest"] == 1.5
