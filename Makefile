@@ -9,7 +9,7 @@ SANDBOX := tests/cluster
 # for the rendered scripts.
 SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iproute2 util-linux shellcheck
 
-.PHONY: install node-env system-deps test test-quick test-verl demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine bench-wandb-end bench-trace-end clean
+.PHONY: install node-env system-deps test test-quick test-verl demo demo-verl sandbox-up sandbox-down lint bench bench-check bench-bringup bench-inputs-check bench-bad-node bench-sweep bench-traces bench-first-step bench-dead-engine bench-wandb-end bench-trace-end bench-report clean
 
 install: $(VENV)/.installed
 
@@ -140,6 +140,9 @@ bench-sweep: install
 
 bench-traces: install
 	$(PY) bench/traces_bench.py --sizes 10000 100000
+
+bench-report: install
+	$(PY) bench/report_bench.py --steps 1000 10000
 
 clean:
 	rm -rf $(VENV) dist build *.egg-info

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     env.pop("WANDB_BASE_URL", None)
     experiment = time.strftime("demo-%Y%m%d-%H%M%S")
     with StandIn(host=BRIDGE, api_key=env["WANDB_API_KEY"]) as w:  # up after the job: `traces` reads it
-        job = train(node_python=args.node_python, runs=Path(args.runs), env=env, echo=True, standin=w,
+        job = train(node_python=args.node_python, runs=Path(args.runs), env=env, echo=True, standin=w, watch_gcs=True,
                     overrides=[f"wandb.experiment={experiment}", *args.overrides])
         sys.stderr.write(job.err[-3000:] if job.returncode else "")
         if job.run_dir is None:

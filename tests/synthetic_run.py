@@ -16,12 +16,14 @@ REST = 0.5
 
 
 def step_line(step: int, validate: bool = False, save: bool = False) -> tuple:
-    """verl's console line of STEP, and its seconds."""
-    t = dict(TIMING, **({"testing": 4.0} if validate else {}), **({"save_checkpoint": 2.0} if save else {}))
-    secs = sum(t.values()) + REST
+    """verl's console line of STEP, and its wall seconds (verl's step timer holds the save, not the
+    validation after it)."""
+    t = dict(TIMING, **({"save_checkpoint": 2.0} if save else {}))
+    timer = sum(t.values()) + REST
+    t.update({"testing": 4.0} if validate else {})
     pairs = [f"training/global_step:{step}"] + [f"timing_s/{k}:np.float64({v})" for k, v in t.items()]
-    pairs += [f"timing_s/step:{secs}", "perf/total_num_tokens:600", f"perf/time_per_step:{secs}"]
-    return f"(TaskRunner pid=42) step:{step} - " + " - ".join(pairs) + "\n", secs
+    pairs += [f"timing_s/step:{timer}", "perf/total_num_tokens:600", f"perf/time_per_step:{timer}"]
+    return f"(TaskRunner pid=42) step:{step} - " + " - ".join(pairs) + "\n", timer + t.get("testing", 0.0)
 
 
 def write_run(run_dir: Path, attempts: List[dict], *, nodes: int = 2, gpus: int = 1, job: str = "42",

@@ -55,9 +55,8 @@ def test_each_attempts_parts_add_up_to_its_allocation_and_redone_steps_are_lost(
     assert d["parts"]["lost"] == pytest.approx((seconds(3) + 12.0) * 2, abs=2.2)  # node-seconds
     assert 0 < d["goodput"] < 1
     assert d["goodput"] == pytest.approx(sum(a.parts["training"] * 2 for a in rep.attempts) / d["allocated_node_seconds"])
-    assert d["tokens_per_gpu_second"] == pytest.approx(6 * 600 / sum(seconds(s, PLAN[i]) for i, ss in
-                                                                     ((0, [1, 2]), (1, [3]), (2, [5, 6, 7]))
-                                                                     for s in ss) / 2)
+    timed = sum(seconds(s, PLAN[i]) for i, ss in ((0, [1, 2]), (1, [3]), (2, [5, 6, 7])) for s in ss) - 4.0
+    assert d["tokens_per_gpu_second"] == pytest.approx(6 * 600 / timed / 2)  # verl's step timer: step 7's validation aside
     assert d["cost"] == pytest.approx(2.0 * d["allocated_node_seconds"] / 3600)
     assert d["cost_per_kept_step"] == pytest.approx(d["cost"] / 7)
     assert rep.attempts[1].queued == pytest.approx(10.0)
@@ -162,3 +161,13 @@ def test_a_step_line_ray_cut_in_two_is_read_whole(tmp_path):
     [s] = report.read_steps(log)
     assert (s.step, s.seconds, s.tokens) == (4, 14.0, 300)
     assert s.parts["generation"] == 10.5 and s.parts["update"] == 2.0 and s.parts["rest"] == 1.5
+
+
+def test_a_progress_bar_that_breaks_into_a_step_line_is_left_out(tmp_path):
+    """As on the sandbox: verl's stdout cut at a buffer's end, tqdm's bar (stderr) in between."""
+    log = tmp_path / "driver.r0.log"
+    log.write_text("\x1b[36m(TaskRunner pid=9, ip=10.0.0.2)\x1b[0m step:5 - timing_s/gen:20.0 - timin"
+                   "\x1b[36m(TaskRunner pid=9, ip=10.0.0.2)\x1b[0m \rTraining Progress:  71%|###  | 5/7 [00:36<01:13]\n"
+                   "g_s/update_weights:0.5 - timing_s/step:30.0 - perf/total_num_tokens:574\n")
+    [s] = report.read_steps(log)
+    assert (s.step, s.seconds, s.tokens) == (5, 30.0, 574) and s.parts["weight-sync"] == 0.5

@@ -82,6 +82,7 @@ def trained(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
     with StandIn(host=BRIDGE, api_key=wandb_key) as w:
         intruder = Intruder(env)
         job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900, standin=w, during=intruder,
+                    watch_gcs=True,
                     overrides=["verl.overrides.trainer.logger=[console,file]", "verl.overrides.trainer.save_freq=-1",
                                f"+env.VERL_FILE_LOGGER_PATH={tmp / FILE_LOG}"])
         job.intruder = intruder
@@ -340,7 +341,7 @@ def test_watchdog_fails_verls_silent_wait_and_names_the_shortfall(sandbox, clean
     group or a storage unit. The watchdog fails the job after cluster.pending_timeout of nothing
     moving, saying why. (It never reaches the rollout: the test venv's verl is enough.)"""
     env = _env(clean_env, smoke_assets, tmp_path, sandbox)
-    script = cli("render", *_args(tmp_path, *UNTRACED, "cluster.cpus_per_task=8", "cluster.pending_timeout=30"),
+    script = cli("render", *_args(tmp_path, *UNTRACED, "cluster.cpus_per_task=8", "cluster.pending_timeout=15"),
                  env=env)
     assert script.returncode == 0, script.stderr
     assert "--num-cpus=8 " in script.stdout

@@ -217,11 +217,14 @@ RUN_DIR_LINE = re.compile(r"^\s+run dir\s+(\S+)\s*$")  # submit's "  run dir  PA
 
 
 def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "team", timeout: float = 900,
-          echo: bool = False, during=None, standin: Optional[StandIn] = None, recipe: Path = RECIPE) -> Trained:
+          echo: bool = False, during=None, standin: Optional[StandIn] = None, recipe: Path = RECIPE,
+          watch_gcs: bool = False) -> Trained:
     """Submit RECIPE, recipes/sandbox-verl.yaml by default (`submit --wait`), with NODE_PYTHON on the nodes and a
     W&B stand-in on the sandbox's bridge (ENV's WANDB_API_KEY is its key), and collect.
     DURING(run_dir, first_log) is called as the job runs (first_log: step -> when first logged).
-    STANDIN: a stand-in of the caller's (on BRIDGE), left running after the job, to read from."""
+    STANDIN: a stand-in of the caller's (on BRIDGE), left running after the job, to read from.
+    WATCH_GCS: read Ray's actors from its GCS while the job runs (Trained.actors, nodes_of): a
+    process polling beside the job, which the 2-core sandbox's jobs feel; only where it is read."""
     key = env["WANDB_API_KEY"]
     with (contextlib.nullcontext(standin) if standin else StandIn(host=BRIDGE, api_key=key)) as w:
         cmd = [sys.executable, "-m", "launcher.cli", "submit", str(recipe), f"runtime.python={node_python}",
@@ -244,8 +247,9 @@ def train(*, node_python, runs: Path, env: dict, overrides=(), entity: str = "te
                 said = [m.group(1) for m in map(RUN_DIR_LINE.match, list(out_lines)) if m]
                 if said:
                     run_dir = Path(said[0])
-                    gcs = GcsWatch(run_dir)
-                    gcs.start()
+                    if watch_gcs:
+                        gcs = GcsWatch(run_dir)
+                        gcs.start()
             else:
                 tail.poll(run_dir / "logs" / "driver.r0.log", first)
                 if during is not None:

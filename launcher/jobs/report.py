@@ -34,6 +34,7 @@ CHECKS = ("inputs-check", "resume-check", "wandb-check")  # each lasts until the
 DRIVER_ENDS = ("driver-end", "driver-error", "preempt", "hang", "ray-lost", "teardown")
 _STEP = re.compile(r"(?<![\w/])step:(\d+) - ([^\n]*)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RAY_PREFIX = re.compile(r"\((?:[\w.]+ )?pid=\d+[^)]*\) ")  # "(TaskRunner pid=12, ip=10.0.0.2) "
 _CONTINUED = re.compile(r"^[\w/.\-]*:")
 _NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
@@ -41,7 +42,7 @@ _NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 @dataclass
 class Step:
     step: int
-    seconds: float  # verl's timing_s/step
+    seconds: float  # verl's timing_s/step and the validation after it (timing_s/testing): the step's wall time
     parts: Dict[str, float]  # TRAINING + validation, checkpoint: seconds
     tokens: Optional[float] = None  # perf/total_num_tokens
     end: Optional[float] = None  # when it ended (the watchdog's record), epoch seconds
@@ -105,7 +106,7 @@ class Report:
     @property
     def tokens_per_gpu_second(self) -> Optional[float]:
         steps = [s for s in self._kept() if s.tokens]
-        secs = sum(s.seconds for s in steps)
+        secs = sum(s.seconds - s.parts.get("validation", 0.0) for s in steps)  # verl's step timer, as perf/throughput
         gpus = (self.attempts[-1].nodes if self.attempts else 0) * self.gpus_per_node
         return sum(s.tokens for s in steps) / secs / gpus if steps and secs and gpus else None
 
@@ -147,14 +148,19 @@ class Report:
 # ----------------------------------------------------------------------------- reading a run's files
 def read_steps(log: Path) -> List[Step]:
     """verl's step lines (the console logger's `step:N - key:value - ...`), the last of each step.
-    Ray's log streaming may cut a long line: the rest follows on lines of `key:value - ...` alone."""
+    Ray's log streaming may cut a long line: the rest follows on lines of `key:value - ...` alone,
+    and another process's output (tqdm's progress bar, with its Ray prefix) may break in at the cut."""
     by: Dict[int, Step] = {}
-    lines = _ANSI.sub("", log.read_text(errors="replace")).splitlines()
+    # bytes: read_text would take the "\r" of tqdm's bar for line ends
+    lines = _ANSI.sub("", log.read_bytes().decode(errors="replace")).split("\n")
     for i, line in enumerate(lines):
         m = _STEP.search(line)
         if not m:
             continue
         body = m.group(2)
+        foreign = _RAY_PREFIX.search(body)  # another process's output broke into the line (tqdm's bar)
+        if foreign:
+            body = body[:foreign.start()]
         for rest in lines[i + 1:]:
             if rest.startswith("(") or " - " not in rest or not _CONTINUED.match(rest):
                 break
@@ -165,14 +171,15 @@ def read_steps(log: Path) -> List[Step]:
             num = _NUM.search(value.split("(", 1)[-1])
             if num:
                 metrics[key.strip()] = float(num.group())
-        secs = metrics.get("timing_s/step", metrics.get("perf/time_per_step"))
-        if secs is None:
+        timer = metrics.get("timing_s/step", metrics.get("perf/time_per_step"))
+        if timer is None:
             continue
         t = {k: sum(metrics.get(f"timing_s/{n}", 0.0) for n in names) for k, names in TIMINGS.items()}
-        named = sum(t.values())
+        # verl's step timer holds the save, not the validation after it (both trainers, 0.9)
+        inside = sum(v for k, v in t.items() if k != "validation")
         parts = {k: t[k] for k in TRAINING if k in t}
-        parts.update(rest=max(secs - named, 0.0), validation=t["validation"], checkpoint=t["checkpoint"])
-        by[int(m.group(1))] = Step(int(m.group(1)), secs, parts, metrics.get("perf/total_num_tokens"))
+        parts.update(rest=max(timer - inside, 0.0), validation=t["validation"], checkpoint=t["checkpoint"])
+        by[int(m.group(1))] = Step(int(m.group(1)), timer + t["validation"], parts, metrics.get("perf/total_num_tokens"))
     return [by[s] for s in sorted(by)]
 
 

@@ -34,8 +34,8 @@ def _segments(a):
     for s in a.steps:
         if s.kept:
             train = s.seconds - s.parts.get("validation", 0) - s.parts.get("checkpoint", 0)
-            for p, secs in (("training", train), ("validation", s.parts.get("validation", 0)),
-                            ("checkpoint", s.parts.get("checkpoint", 0))):
+            for p, secs in (("training", train), ("checkpoint", s.parts.get("checkpoint", 0)),
+                            ("validation", s.parts.get("validation", 0))):  # verl saves in the step, validates after
                 out.append((p, t, secs))
                 t += secs
         else:
@@ -71,14 +71,18 @@ def plot(rep: Report, path: str) -> None:
         for s in a.steps:
             t += s.seconds
             if s.kept and s.parts.get("checkpoint"):
-                saves.append((t, f"ckpt {s.step}"))
+                saves.append((t - s.parts.get("validation", 0), f"ckpt {s.step}"))
         if a.unlogged:  # saved as the attempt ended, before verl logged it
             saves.append((t + a.parts.get("training", 0) - sum(
                 s.seconds - s.parts.get("validation", 0) - s.parts.get("checkpoint", 0) for s in a.steps if s.kept),
                 f"ckpt {a.unlogged[-1]}"))
+        span = max([b.seconds for b in rep.attempts] + [1])
+        last_at = None
         for at, label in saves:
             ax.plot([at, at], [y - 0.38, y + 0.38], color="#4a148c", linewidth=2)
-            ax.annotate(label, (at, y + 0.36), fontsize=7, ha="center", va="bottom")
+            high = last_at is not None and at - last_at < span / 40  # close to the last label: above it
+            ax.annotate(label, (at, y + (0.5 if high else 0.36)), fontsize=7, ha="center", va="bottom")
+            last_at = None if high else at
         last = row == len(rep.attempts) - 1
         end = ("" if last else "requeued: ") + (a.ended.split(";")[0][:40] if a.ended else "")
         if end:
