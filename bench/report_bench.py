@@ -6,7 +6,7 @@ step times). Target: under 1 s, reading only local files.
 - build_s: launcher.jobs.report.build over the run's files (what `report` itself computes);
 - cli_s: `python -m launcher.cli report RUN --json` end to end, interpreter start included, with
   no Slurm on PATH (the report then says so and times each attempt by the job's marks);
-- log_mb: the driver logs' size (verl's step lines as on the sandbox, about 2.5 KB each there;
+- log_mb: the driver logs' size (verl's step lines as on the sandbox, about 4.2 KB each there;
   here the lines carry only what the report reads, padded to that size).
 
     python bench/report_bench.py [--steps 1000 10000] [--repeat 3]
@@ -32,7 +32,7 @@ from launcher.core.paths import RunPaths  # noqa: E402
 from launcher.jobs import report  # noqa: E402
 from synthetic_run import write_run  # noqa: E402
 
-PAD = " - " + " - ".join(f"actor/metric_{i}:np.float64(0.{i:04d})" for i in range(70))  # verl logs ~100 keys
+PAD = " - " + " - ".join(f"actor/metric_{i}:np.float64(0.{i:04d})" for i in range(110))  # verl logs ~100 keys, ~4 KB a line
 
 
 def plan(steps: int) -> list:
