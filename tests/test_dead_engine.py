@@ -14,8 +14,8 @@ from collections import Counter
 
 
 from sandbox_procs import job_processes
-from verl_train import job_env, kill_engine_mid_training
-
+from verl_train import BRIDGE, job_env, kill_engine_mid_training
+from wandb_standin import StandIn
 
 
 def test_a_dead_vllm_engine_ends_the_job_naming_it_and_leaves_nothing(sandbox, node_python, smoke_assets,
@@ -26,8 +26,13 @@ def test_a_dead_vllm_engine_ends_the_job_naming_it_and_leaves_nothing(sandbox, n
     the same phase: `make bench-dead-engine` runs both; the suite runs the case the launcher alone
     must end.)"""
     env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp_path))
-    job, kill, seconds = kill_engine_mid_training(node_python=node_python, runs=tmp_path / "runs", env=env,
-                                                  freeze_trainer=True)
+    with StandIn(host=BRIDGE, api_key=wandb_key) as w:  # up after the job: `traces --expect` reads it
+        job, kill, seconds = kill_engine_mid_training(node_python=node_python, runs=tmp_path / "runs", env=env,
+                                                      freeze_trainer=True, standin=w)
+        _check(job, kill, seconds, env, cli)
+
+
+def _check(job, kill, seconds, env, cli):
     assert kill.killed is not None, f"{kill.why_not}\n{job.out[-3000:]}{job.err[-3000:]}"
     print(f"\nEngineCore (pid {kill.pid}) killed on node2 after step 2, trainer frozen: "
           f"the job ended {seconds:.1f} s later")
@@ -67,3 +72,5 @@ def test_a_dead_vllm_engine_ends_the_job_naming_it_and_leaves_nothing(sandbox, n
     print(f"summary: {traced}")
     assert re.fullmatch(rf"traces +{sum(per.values())} received, steps 1-{done + (1 if after else 0)}, "
                         rf"{est}/step as estimated{cut}", traced), (traced, per)
+    expect = cli("traces", job.job_id, "--expect", env=env)  # the same words; no completed step short
+    assert (expect.returncode, expect.stdout.strip()) == (0, traced), expect.stdout + expect.stderr

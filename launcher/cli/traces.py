@@ -58,7 +58,7 @@ def cmd_traces(args) -> int:
         return _compare(run, args)
     if args.expect:
         t = run.trace_tally()
-        print(f"traces     {t.text()}")
+        print(f"traces     {t.text(ended=run.state() in api.TERMINAL)}")  # an ended run's unfinished step named
         return api.EXIT_FAILED if t.falls_short or not t.total else 0
     rows = run.traces(nested=args.json, **_filters(args))
     counts: dict = {}
