@@ -217,6 +217,11 @@ class SweepRun(Run):
     def points(self) -> list:
         return [Run(p["job_id"], p["run_dir"]) for p in state.points(self.record)]
 
+    def report(self, price: Optional[float] = None):
+        """A sweep's points are runs of their own: each has its report."""
+        raise RecipeError("a sweep is a job array of runs: report one point (its job id ARRAY_i or run "
+                          "directory, as `verl-launch status SWEEP` lists them)", where=self.run_dir)
+
     def status(self) -> dict:
         return state.sweep_status(self.record)
 
