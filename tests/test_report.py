@@ -171,3 +171,26 @@ def test_a_progress_bar_that_breaks_into_a_step_line_is_left_out(tmp_path):
                    "g_s/update_weights:0.5 - timing_s/step:30.0 - perf/total_num_tokens:574\n")
     [s] = report.read_steps(log)
     assert (s.step, s.seconds, s.tokens) == (5, 30.0, 574) and s.parts["weight-sync"] == 0.5
+
+
+def test_hostile_lines_are_counted_not_fatal_and_a_bad_price_is_refused(tmp_path, cli, clean_env):
+    """Files a job never writes (a hand edit, a disk that filled): the report names what it could
+    not read and accounts the rest; a price that is no price is exit 2 naming the flag."""
+    write_run(tmp_path / "run", PLAN)
+    paths = RunPaths(tmp_path / "run")
+    with paths.phases.open("a") as f:
+        f.write('[]\n"x"\n{"phase": 3, "time": 1, "restart": 0}\n{"phase": "teardown", "time": "soon", "restart": 0}\n'
+                '{"phase": "start", "time": NaN, "restart": 0}\n{"phase": "start", "time": 1e300, "restart": true}\n')
+    with paths.file(RunPaths.STEPS, restart=0).open("a") as f:
+        f.write('{"step": "2", "time": 5}\n{"step": 9}\n\xff\n')
+    record = json.loads(paths.record.read_text())
+    paths.record.write_text(json.dumps(dict(record, nodes="two", gpus_per_node=-3)))
+    out = cli("report", str(tmp_path / "run"), "--json", env=clean_env)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert any("6 unreadable line(s)" in g and "phases.jsonl" in g for g in d["gaps"]), d["gaps"]
+    assert any("3 unreadable line(s)" in g and "steps.r0.jsonl" in g for g in d["gaps"]), d["gaps"]
+    assert [len(a["steps"]) for a in d["attempts"]] == [3, 1, 3] and d["gpus_per_node"] == 1
+    for price in ("-1", "nan", "inf"):
+        bad = cli("report", str(tmp_path / "run"), "--price", price, env=clean_env)
+        assert bad.returncode == 2 and "--price" in bad.stderr and bad.stdout == "", (price, bad.stderr)

@@ -34,6 +34,9 @@ def add_parser(sub, ref_help: str) -> None:
 
 
 def cmd_report(args) -> int:
+    if args.price is not None and not 0 <= args.price < float("inf"):
+        raise api.RecipeError(f"{args.price} is not a price (0 or more per GPU-hour)", where="command line",
+                              key="--price")
     run = api.run(args.ref)
     if args.plot:
         from ..jobs.report_plot import need_matplotlib

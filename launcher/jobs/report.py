@@ -183,21 +183,38 @@ def read_steps(log: Path) -> List[Step]:
     return [by[s] for s in sorted(by)]
 
 
-def _jsonl(path: Path, gaps: List[str], what: str) -> List[dict]:
+def _jsonl(path: Path, gaps: List[str], what: str, fields: Dict[str, type]) -> List[dict]:
+    """The JSON objects of PATH's lines whose FIELDS have those types (an int is a float's too);
+    the others are counted in GAPS."""
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode(errors="replace")
     except OSError as e:
         gaps.append(f"{what}: {path} cannot be read ({e.strerror or e})")
         return []
     out, bad = [], 0
     for line in text.splitlines():
         try:
-            out.append(json.loads(line))
+            entry = json.loads(line)
         except ValueError:
+            entry = None
+        if isinstance(entry, dict) and all(_is(entry.get(k), t) for k, t in fields.items()):
+            out.append(entry)
+        elif line.strip():
             bad += 1
     if bad:
         gaps.append(f"{what}: {bad} unreadable line(s) in {path} (truncated?): what they held is not accounted")
     return out
+
+
+def _is(value, kind: type) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _count(value, default: int = 1) -> int:
+    """A count from a record (nodes, GPUs): a positive int, else DEFAULT."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else default
 
 
 def build(paths: RunPaths, record: dict, allocations: Optional[List[dict]], price: Optional[float] = None) -> Report:
@@ -207,7 +224,8 @@ def build(paths: RunPaths, record: dict, allocations: Optional[List[dict]], pric
     gaps: List[str] = []
     scheduled = allocations is not None
     allocations = allocations or []
-    marks = _jsonl(paths.phases, gaps, "the job's phases") if paths.phases.exists() else []
+    marks = (_jsonl(paths.phases, gaps, "the job's phases", {"phase": str, "time": float, "restart": int})
+             if paths.phases.exists() else [])
     if not paths.phases.exists():
         gaps.append(f"the job's phases: {paths.phases} does not exist (the job never started, or it was lost): "
                     "bring-up, checks and verl's start cannot be told apart")
@@ -217,7 +235,7 @@ def build(paths: RunPaths, record: dict, allocations: Optional[List[dict]], pric
         mine = sorted(((m["phase"], float(m["time"]), m.get("detail", "")) for m in marks
                        if int(m.get("restart", 0)) == r and "time" in m), key=lambda x: x[1])
         alloc = allocations[r] if r < len(allocations) else None
-        attempts.append(_attempt(paths, r, mine, alloc, int(record.get("nodes") or 1), gaps, scheduled))
+        attempts.append(_attempt(paths, r, mine, alloc, _count(record.get("nodes")), gaps, scheduled))
     _mark_lost(attempts)
     for a in attempts:
         _split(a)
@@ -232,7 +250,8 @@ def build(paths: RunPaths, record: dict, allocations: Optional[List[dict]], pric
         before = allocations[i].get("submit") if i == 0 and allocations else (attempts[i - 1].end if i else
                                                                                record.get("submitted"))
         a.queued = max(a.start - before, 0.0) if a.start and before else None
-    return Report(str(paths.run_dir), record.get("job_id"), int(record.get("gpus_per_node") or 1), attempts, gaps, price)
+    return Report(str(paths.run_dir), record.get("job_id"), _count(record.get("gpus_per_node")), attempts, gaps,
+                  price if _is(price, float) and price >= 0 else None)
 
 
 def _attempt(paths: RunPaths, r: int, marks: list, alloc: Optional[dict], nodes: int, gaps: List[str],
@@ -256,9 +275,9 @@ def _attempt(paths: RunPaths, r: int, marks: list, alloc: Optional[dict], nodes:
     a.ended = f"{ends[0][0]} {ends[0][2]}".strip() if ends else ""
     steps_file = paths.file(RunPaths.STEPS, restart=r)
     times: Dict[int, float] = {}
-    for e in _jsonl(steps_file, gaps, "the watchdog's step times") if steps_file.exists() else []:
-        if isinstance(e.get("step"), int) and isinstance(e.get("time"), (int, float)):
-            times.setdefault(e["step"], float(e["time"]))
+    for e in _jsonl(steps_file, gaps, "the watchdog's step times", {"step": int, "time": float}) \
+            if steps_file.exists() else []:
+        times.setdefault(e["step"], float(e["time"]))
     if a.steps and not any(s.step in times for s in a.steps):
         gaps.append(f"attempt {r}: no step times ({steps_file.name}): its steps are placed back to back, the "
                     "last ending with the driver")
