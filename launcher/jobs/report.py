@@ -31,6 +31,7 @@ TIMINGS = {"generation": ("gen",), "update": ("update_actor", "update_critic"),
            "log-prob": ("old_log_prob", "ref", "values"), "weight-sync": ("update_weights", "sync_weights"),
            "validation": ("testing",), "checkpoint": ("save_checkpoint",)}
 CHECKS = ("inputs-check", "resume-check", "wandb-check")  # each lasts until the next mark
+RAY_MARKS = ("head-up", "workers-up", "ready")
 DRIVER_ENDS = ("driver-end", "driver-error", "preempt", "hang", "ray-lost", "teardown")
 _STEP = re.compile(r"(?<![\w/])step:(\d+) - ([^\n]*)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -332,7 +333,9 @@ def _split(a: Attempt) -> None:
         a.parts, a.training = p, t
         return
     for i, (n, at, _) in enumerate(marks):
-        if n in CHECKS and i + 1 < len(marks):
+        # a check lasts until the next mark, unless that is Ray's: the job's checks run while Ray
+        # starts, and the wait for Ray after them is bring-up
+        if n in CHECKS and i + 1 < len(marks) and marks[i + 1][0] not in RAY_MARKS:
             p["checks"] += marks[i + 1][1] - at
     dstart = _at(marks, "driver-start")
     up_to = _at(marks, "ready") or dstart or (marks[-1][1] if marks else a.end)
