@@ -194,3 +194,14 @@ def test_hostile_lines_are_counted_not_fatal_and_a_bad_price_is_refused(tmp_path
     for price in ("-1", "nan", "inf"):
         bad = cli("report", str(tmp_path / "run"), "--price", price, env=clean_env)
         assert bad.returncode == 2 and "--price" in bad.stderr and bad.stdout == "", (price, bad.stderr)
+
+
+def test_a_run_directory_copied_elsewhere_is_reported_where_it_is(tmp_path, cli, clean_env):
+    """A run dir copied from the cluster (its record names where it ran): read where it is now."""
+    write_run(tmp_path / "run", PLAN)
+    record = tmp_path / "run" / RunPaths.RECORD
+    record.write_text(json.dumps(dict(json.loads(record.read_text()), run_dir="/cluster/runs/gone")))
+    out = cli("report", str(tmp_path / "run"), "--json", env=clean_env)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["run_dir"] == str(tmp_path / "run") and len(d["attempts"]) == 3

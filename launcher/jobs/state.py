@@ -40,7 +40,7 @@ def find(ref: str, environ=None) -> Optional[dict]:
     for name in (RunPaths.RECORD, SweepPaths.RECORD):  # a run (or sweep) dir from elsewhere
         rec = RunPaths(Path(path)).read_record(name) if path else None
         if rec is not None:
-            return rec
+            return dict(rec, run_dir=path)  # where it is now (copied from a cluster, moved), not where it ran
     return None
 
 
