@@ -7,6 +7,7 @@ in tests/test_verl_resume.py (Slurm's accounting, the watchdog's real step times
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -205,3 +206,19 @@ def test_a_run_directory_copied_elsewhere_is_reported_where_it_is(tmp_path, cli,
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["run_dir"] == str(tmp_path / "run") and len(d["attempts"]) == 3
+
+
+def test_the_api_is_the_door(tmp_path, clean_env, monkeypatch):
+    """launcher.run(ref).report(): what the CLI prints, from the API itself (no Slurm here)."""
+    import launcher
+
+    for k in list(os.environ):  # the test's environment, as the CLI tests' (no Slurm to ask)
+        if k not in clean_env:
+            monkeypatch.delenv(k)
+    for k, v in clean_env.items():
+        monkeypatch.setenv(k, v)
+    write_run(tmp_path / "run", PLAN)
+    rep = launcher.run(str(tmp_path / "run")).report(price=3.0)
+    assert isinstance(rep, report.Report) and rep.steps_kept == 7 and rep.price == 3.0
+    assert rep.cost == pytest.approx(3.0 * rep.allocated / 3600)
+    assert rep.gaps[0].startswith("Slurm could not be asked")
