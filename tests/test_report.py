@@ -222,3 +222,17 @@ def test_the_api_is_the_door(tmp_path, clean_env, monkeypatch):
     assert isinstance(rep, report.Report) and rep.steps_kept == 7 and rep.price == 3.0
     assert rep.cost == pytest.approx(3.0 * rep.allocated / 3600)
     assert rep.gaps[0].startswith("Slurm could not be asked")
+
+
+def test_a_running_attempts_step_in_progress_is_training_not_lost(tmp_path):
+    allocs = write_run(tmp_path / "run", [{"steps": [1, 2], "tail": 9.0}])
+    paths = RunPaths(tmp_path / "run")
+    lines = paths.phases.read_text().splitlines()
+    paths.phases.write_text("\n".join(lines[:-2]) + "\n")  # no driver-end, no teardown yet
+    allocs[0]["end"] -= 5.0 + 0.1  # the controller's "now": the driver still running
+    rep = report.build(paths, paths.read_record(), allocs)
+    a = rep.attempts[0]
+    assert a.ended == "" and a.parts["lost"] == 0 and a.parts["teardown"] == 0
+    # each step's own rest, and the step in progress: from step 2 (seen 1 s late) to now
+    assert a.training["rest"] == pytest.approx(2 * REST + 9.0 - 0.1 - 1.0, abs=0.01), a.training
+    assert any("is running" in g for g in rep.gaps), rep.gaps

@@ -66,6 +66,7 @@ class Attempt:
     # steps trained and saved (a later attempt resumed after them) that verl had not logged when
     # the attempt ended (a requeue at the save): their time is training, not split by verl's timings
     unlogged: List[int] = field(default_factory=list)
+    running: bool = False  # the run's last attempt, its driver not ended yet
     marks: List[tuple] = field(default_factory=list)  # (name, time) for the picture
 
     @property
@@ -238,8 +239,13 @@ def build(paths: RunPaths, record: dict, allocations: Optional[List[dict]], pric
         alloc = allocations[r] if r < len(allocations) else None
         attempts.append(_attempt(paths, r, mine, alloc, _count(record.get("nodes")), gaps, scheduled))
     _mark_lost(attempts)
+    if attempts and not attempts[-1].ended:
+        attempts[-1].running = True
     for a in attempts:
         _split(a)
+        if a.steps and a.running:
+            gaps.append(f"attempt {a.restart} is running: the time since step {a.steps[-1].step} (its step in "
+                        "progress) is counted as training, not yet split by verl's timings")
         if a.unlogged:
             after = f"after step {a.steps[-1].step}" if a.steps else "after the driver's start"
             gaps.append(f"attempt {a.restart}: step{'s' if len(a.unlogged) > 1 else ''} "
@@ -357,7 +363,7 @@ def _split(a: Attempt) -> None:
             tail = max(dend - a.steps[-1].end, 0.0)
             # after the last logged step: steps trained and saved but not logged (kept), a step cut
             # short (lost), or verl's own end
-            if a.unlogged:
+            if a.unlogged or a.running:  # (running: the step in progress, as training)
                 t["rest"] += tail
             else:
                 p["verl-end" if a.ended.startswith("driver-end rc=0") else "lost"] += tail
