@@ -248,12 +248,11 @@ def states(runs: List[dict]) -> dict:
     calls (one scontrol, then one sacct per 300 ended jobs). A job is matched by its working
     directory, the run's own directory, so a job id that Slurm reused for another job does not
     make an old run report the new job's state."""
-    mine = _mine
     ctl = _controller_jobs()
     out, rest = {}, []
     for run in runs:
         info = ctl.get(run["job_id"])
-        if mine(run, info):
+        if _mine(run, info):
             out[run["run_dir"]] = info
         else:
             rest.append(run)
@@ -262,7 +261,7 @@ def states(runs: List[dict]) -> dict:
         acc = _accounting(sorted(ids, key=lambda i: [int(x) for x in i.split("_")]))
         for run in rest:
             # The last record of this run's own; sacct lists a requeued job's runs in order.
-            own = [info for i in _ids(run) for info in acc.get(i, []) if mine(run, info)]
+            own = [info for i in _ids(run) for info in acc.get(i, []) if _mine(run, info)]
             out[run["run_dir"]] = own[-1] if own else {"state": "UNKNOWN", "source": "none"}
     return out
 

@@ -8,7 +8,6 @@ import json
 
 from .. import api
 from ..jobs.report import PARTS, TRAINING
-from .jobs import _cut
 
 # One letter per part for the terminal timeline, and what it says in the legend.
 LETTERS = {"bring-up": "B", "checks": "C", "verl-start": "V", "training": "=", "validation": "E",
@@ -60,6 +59,8 @@ def _dur(s: float) -> str:
 
 
 def text(rep) -> str:
+    from .jobs import _cut  # the toolkit's, imported only when a report is printed
+
     d = rep.to_dict()
     alloc = d["allocated_node_seconds"]
     lines = [f"run        {rep.run_dir}" + (f" (job {rep.job_id})" if rep.job_id else "")]
