@@ -252,6 +252,19 @@ class Sandbox:
         # Call in a polling loop: releases a requeued job from its begin-time hold, safely.
         self.release_requeued = RequeueHold(lambda *cmd: self.run(*cmd).stdout)
 
+    def _wait_accounted(self, job_id: str, deadline: float) -> None:
+        """slurmctld sends a job's end to slurmdbd asynchronously: sacct can say RUNNING for a
+        moment after the controller says COMPLETED (seen in CI). A test that then reads accounting
+        must see the end; without slurmdbd (the job-completion log) the end is written at once."""
+        while time.monotonic() < deadline:
+            proc = self.run("sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State")
+            if proc.returncode != 0:  # no slurmdbd: nothing to wait for
+                return
+            states = proc.stdout.split()
+            if states and states[-1] not in ("PENDING", "RUNNING", "REQUEUED", "SUSPENDED"):
+                return  # the newest job with this id (ids restart after a controller reset)
+            time.sleep(0.5)
+
     def reset_controller(self) -> None:
         """Restart slurmctld with its state wiped: job ids start again at 1 (state loss)."""
         proc = subprocess.run(["bash", str(SANDBOX_UP)], capture_output=True, text=True, timeout=300,
@@ -282,6 +295,7 @@ class Sandbox:
         while time.monotonic() < deadline:
             state = self.job_field(job_id, "JobState")
             if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+                self._wait_accounted(job_id, deadline)
                 return state
             reason = self.job_field(job_id, "Reason")
             if state == "PENDING" and reason in ("PartitionConfig", "BadConstraints", "ReqNodeNotAvail"):

@@ -98,6 +98,7 @@ wait_for() {  # wait_for TENTHS CMD...: poll every 0.1 s
   return 1
 }
 ctld_up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
+dbd_sent() { ! sdiag 2>/dev/null | grep -Eq 'DBD Agent queue size: *[1-9]'; }
 all_idle() { [ "$(sinfo -h -N -t idle -o '%N' 2>/dev/null | sort -u | wc -l)" -ge "$NODES" ]; }
 munge_ok() { munge -n 2>/dev/null | unmunge >/dev/null 2>&1; }
 
@@ -141,6 +142,9 @@ if [ "$RESET_CTLD" = 1 ]; then
   export SLURM_CONF=$CONF
   pid=$(pid_in "$RUN/slurmctld.pid")
   alive "$pid" slurmctld || die "no running sandbox slurmctld to reset"
+  # What slurmctld has not yet sent slurmdbd waits in its state directory, wiped below: let it go
+  # first, or accounting keeps an ended job RUNNING (no line at all without slurmdbd).
+  wait_for 300 dbd_sent || log "slurmctld's queue for slurmdbd did not empty in 30 s"
   kill -TERM "$pid"
   wait_for 100 gone "$pid" slurmctld || die "slurmctld $pid did not stop"
   find "$STATE/ctld" -mindepth 1 -delete
