@@ -27,6 +27,10 @@ from wandb_standin import StandIn
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPE = ROOT / "recipes" / "sandbox-verl.yaml"
+# vLLM keeps what it learns of a model class (a ~13 s subprocess per engine, two per job) in
+# VLLM_CACHE_ROOT, by default under HOME, which a user's jobs share. Each test job has a HOME of
+# its own: without this, every job would learn it again. Checked by vLLM against the module's hash.
+VLLM_CACHE = Path(os.environ.get("TMPDIR", "/tmp")) / "verl-launch-vllm-cache"
 BRIDGE = "169.254.77.1"  # the host's side of the sandbox's bridge: the nodes reach the stand-in there
 NODE_IP = {f"169.254.77.1{i}": f"node{i}" for i in range(1, 10)}
 # A trajectory: the root call of an agent loop's trace (verl's SingleTurnAgentLoop.run, or the
@@ -372,9 +376,9 @@ def kill_engine_mid_training(*, node_python, runs: Path, env: dict, freeze_train
 def job_env(base: dict, *, wandb_key: str, smoke, tmp) -> dict:
     """What a training job is submitted with: BASE without the developer's W&B settings or a
     Slurm job's (SLURM_CONF, which Slurm it is, stays), the stand-in's key, the smoke assets, and
-    a launcher state and HOME of its own under TMP."""
+    a launcher state and HOME of its own under TMP (vLLM's cache shared: VLLM_CACHE)."""
     env = {k: v for k, v in base.items() if not k.startswith(("WANDB_", "SLURM_")) or k == "SLURM_CONF"}
-    return dict(env, WANDB_API_KEY=wandb_key, HOME=f"{tmp}/home",
+    return dict(env, WANDB_API_KEY=wandb_key, HOME=f"{tmp}/home", VLLM_CACHE_ROOT=str(VLLM_CACHE),
                 VERL_SMOKE_DIR=str(smoke), VERL_LAUNCH_STATE=f"{tmp}/state")
 
 
