@@ -128,11 +128,14 @@ def preflight_cache_home(tmp_path_factory) -> Path:
 @pytest.fixture
 def clean_env(wandb_key, tmp_path, preflight_cache_home):
     """The environment without any real W&B key or Slurm config of the developer's; a HOME of
-    the test's own, and the session's shared cache (verl's preflight verdicts)."""
+    the test's own, and the session's shared cache (verl's preflight verdicts; vLLM's, as jobs')."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "SLURM_"))}
     env["WANDB_API_KEY"] = wandb_key
     env["HOME"] = str(tmp_path / "home")
     env["XDG_CACHE_HOME"] = str(preflight_cache_home)
+    from verl_train import VLLM_CACHE  # vLLM's model-info cache, shared as the training jobs share it
+
+    env["VLLM_CACHE_ROOT"] = str(VLLM_CACHE)
     return env
 
 
