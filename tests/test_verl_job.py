@@ -341,13 +341,15 @@ def test_watchdog_fails_verls_silent_wait_and_names_the_shortfall(sandbox, clean
     group or a storage unit. The watchdog fails the job after cluster.pending_timeout of nothing
     moving, saying why. (It never reaches the rollout: the test venv's verl is enough.)"""
     env = _env(clean_env, smoke_assets, tmp_path, sandbox)
-    script = cli("render", *_args(tmp_path, *UNTRACED, "cluster.cpus_per_task=8", "cluster.pending_timeout=15"),
+    # 2 storage actors, not verl's 8: each is a process to start before verl waits (3 + 1 + 1 CPUs)
+    units = "verl.overrides.transfer_queue.backend.SimpleStorage.num_data_storage_units=2"
+    script = cli("render", *_args(tmp_path, *UNTRACED, units, "cluster.cpus_per_task=5", "cluster.pending_timeout=15"),
                  env=env)
     assert script.returncode == 0, script.stderr
-    assert "--num-cpus=8 " in script.stdout
+    assert "--num-cpus=5 " in script.stdout
     run_dir = tmp_path / "by-hand"
     run_dir.mkdir()
-    (run_dir / "job.sbatch").write_text(script.stdout.replace("--num-cpus=8 ", "--num-cpus=7 "))
+    (run_dir / "job.sbatch").write_text(script.stdout.replace("--num-cpus=5 ", "--num-cpus=4 "))
     proc = subprocess.run(["sbatch", "--parsable", "job.sbatch"], cwd=run_dir, env=env, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
