@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from conftest import ROOT
+from verl_train import VLLM_CACHE
 
 EPISODES = 50  # 90% of 50 still tells a taught model from one that is not (CI's time)
 
@@ -23,7 +24,8 @@ def episodes(node_python, smoke_assets) -> list:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_", "VLLM_", "PYTHONPATH"))}
     env.update(PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'cpu_platform'}", VERL_PLATFORM="cpu",
                VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", TOKENIZERS_PARALLELISM="false",
-               HF_HUB_OFFLINE="1", WANDB_ERROR_REPORTING="false")  # weave would report to its error service
+               HF_HUB_OFFLINE="1", WANDB_ERROR_REPORTING="false",  # weave would report to its error service
+               VLLM_CACHE_ROOT=str(VLLM_CACHE))  # what the training jobs learnt of the model class
     proc = subprocess.run([str(node_python), str(ROOT / "tests" / "tool_model_probe.py"), str(smoke_assets),
                            str(ROOT / "recipes" / "tools" / "calculator.yaml"), str(EPISODES)],
                           env=env, cwd="/tmp", capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
