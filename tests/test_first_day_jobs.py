@@ -42,15 +42,17 @@ def env(sandbox, clean_env, tmp_path):
 def test_follow_the_driver_at_once_and_progress_after_the_end(cli, sandbox, env, tmp_path):
     quiet = ("wandb.enabled=false", "trace.backend=none")  # no W&B run, no Weave traces: no links
     done = _submit(cli, env, tmp_path, "verl.overrides.demo.train_steps=3", "wandb.entity=team", *quiet)
-    # right after submit, before the job wrote its driver log: -f waits for it, then follows it to the end
-    follow = cli("logs", "--driver", "-f", done["job_id"], env=env, timeout=180)
-    assert follow.returncode == 0, follow.stderr
-    assert "waiting for " in follow.stderr and "driver.r*.log" in follow.stderr, follow.stderr
-    assert len(follow.stderr.strip().splitlines()) == 1, follow.stderr  # one note, not one per poll
-    assert "step:3 - " in follow.stdout, follow.stdout[-2000:]
-    failing = _submit(cli, env, tmp_path, "verl.overrides.demo.train_steps=4", "verl.overrides.demo.step_seconds=5",
+    # beside it on the sandbox's other 2 nodes (CI's time), training long enough to be seen training
+    # once the first has been followed to its end
+    failing = _submit(cli, env, tmp_path, "verl.overrides.demo.train_steps=6", "verl.overrides.demo.step_seconds=5",
                       "+verl.overrides.demo.exit_code=3", "job.name=fails", *quiet)
     try:
+        # right after submit, before the job wrote its driver log: -f waits for it, then follows it to the end
+        follow = cli("logs", "--driver", "-f", done["job_id"], env=env, timeout=180)
+        assert follow.returncode == 0, follow.stderr
+        assert "waiting for " in follow.stderr and "driver.r*.log" in follow.stderr, follow.stderr
+        assert len(follow.stderr.strip().splitlines()) == 1, follow.stderr  # one note, not one per poll
+        assert "step:3 - " in follow.stdout, follow.stdout[-2000:]
         # while it trains: phase 'training', no exit code yet, no reason as the string "None"
         deadline = time.monotonic() + 120
         while True:
@@ -74,10 +76,10 @@ def test_follow_the_driver_at_once_and_progress_after_the_end(cli, sandbox, env,
     text = cli("status", done["job_id"], env=env).stdout
     assert "step       completed 3/3" in text and "W&B" not in text, text
     bad = _status(cli, env, failing["job_id"])
-    assert bad["state"] == "FAILED" and bad["outcome"] == "failed at step 4/4" and bad["exit_code"] == "3:0", bad
+    assert bad["state"] == "FAILED" and bad["outcome"] == "failed at step 6/6" and bad["exit_code"] == "3:0", bad
     table = cli("list", env=env).stdout.splitlines()
     line = {ln.split()[0]: ln for ln in table[1:]}
-    assert " 3/3 " in line[done["job_id"]] and " 4/4 " in line[failing["job_id"]], table
+    assert " 3/3 " in line[done["job_id"]] and " 6/6 " in line[failing["job_id"]], table
     # a run with W&B on and an entity: URLs only in links, nothing else in them
     assert "STEP" in table[0]
 
