@@ -149,18 +149,6 @@ def test_a_job_pending_on_a_drained_node_is_waited_for(cli, sandbox, clean_env, 
     assert "COMPLETED" in out.strip().splitlines()[-1], out
 
 
-def test_failing_driver_keeps_logs_per_node(cli, sandbox, clean_env, tmp_path):
-    info = submit(cli, sandbox, clean_env, tmp_path, "verl.overrides.demo.exit_code=5")
-    assert sandbox.wait(info["job_id"]) == "FAILED"
-    assert sandbox.job_field(info["job_id"], "ExitCode") == "5:0"
-    logs = Path(info["logs"])
-    assert (logs / "ray-head.r0.log").stat().st_size > 0
-    assert (logs / "ray-worker-node2.r0.log").stat().st_size > 0
-    assert "exiting 5 as asked" in Path(info["stdout"]).read_text()
-    assert "exiting 5 as asked" in (logs / "driver.r0.log").read_text()
-    assert not job_processes(info["job_id"])
-
-
 def test_missing_network_interface_fails_fast(cli, sandbox, clean_env, tmp_path):
     info = submit(cli, sandbox, clean_env, tmp_path, "cluster.network_interface=nope0")
     assert sandbox.wait(info["job_id"], timeout=60) == "FAILED"

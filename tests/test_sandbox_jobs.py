@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import RECIPES, submit_json
+from sandbox_procs import job_processes
 
 
 
@@ -23,14 +24,19 @@ def _submit(cli, sandbox, env, tmp_path, *overrides):
 
 @pytest.fixture(scope="module")
 def demo_job(sandbox, wandb_key, tmp_path_factory):
-    """One 2-node demo job, shared by the assertions below (each job costs ~20 s here)."""
+    """One 2-node demo job, shared by the assertions below (each job costs ~20 s here). Its W&B key
+    comes from a file (wandb.api_key_file), read inside the job; the training jobs take theirs from
+    the submitting environment."""
     from conftest import run_cli
     import os
 
     tmp = tmp_path_factory.mktemp("demo")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "SLURM_"))}
-    env["WANDB_API_KEY"] = wandb_key
-    info = _submit(run_cli, sandbox, env, tmp, "wandb.entity=sandbox-team", "wandb.experiment=e2e-run")
+    key_file = tmp / "wandb.key"
+    key_file.write_text(wandb_key + "\n")
+    key_file.chmod(0o600)
+    info = _submit(run_cli, sandbox, env, tmp, "wandb.entity=sandbox-team", "wandb.experiment=e2e-run",
+                   f"wandb.api_key_file={key_file}")
     state = sandbox.wait(info["job_id"])
     scontrol = sandbox.run("scontrol", "show", "job", info["job_id"]).stdout
     return info, state, scontrol
@@ -85,13 +91,19 @@ def test_key_is_nowhere_on_disk_or_in_slurm(demo_job, wandb_key):
     assert run_dir.stat().st_mode & 0o077 == 0
 
 
-def test_failing_entrypoint_fails_the_job_with_its_exit_code(cli, sandbox, clean_env, tmp_path):
+def test_failing_entrypoint_fails_the_job_with_its_exit_code_and_keeps_each_nodes_logs(cli, sandbox, clean_env,
+                                                                                       tmp_path):
     info = _submit(cli, sandbox, clean_env, tmp_path, "+verl.overrides.demo.exit_code=7")
     state = sandbox.wait(info["job_id"])
     out = Path(info["stdout"]).read_text()
     assert state == "FAILED", out
     assert sandbox.job_field(info["job_id"], "ExitCode") == "7:0", out
     assert "phase teardown (rc=7)" in out
+    logs = Path(info["logs"])
+    assert (logs / "ray-head.r0.log").stat().st_size > 0
+    assert (logs / "ray-worker-node2.r0.log").stat().st_size > 0
+    assert "exiting 7 as asked" in out and "exiting 7 as asked" in (logs / "driver.r0.log").read_text()
+    assert not job_processes(info["job_id"])
 
 
 def test_a_failing_driver_is_named_in_one_line_without_the_key(cli, sandbox, clean_env, tmp_path, wandb_key):
@@ -107,17 +119,15 @@ def test_a_failing_driver_is_named_in_one_line_without_the_key(cli, sandbox, cle
     assert wandb_key not in st.stdout + Path(info["phases"]).read_text()
 
 
-def test_key_from_a_file_read_inside_the_job(cli, sandbox, clean_env, tmp_path, wandb_key):
-    key_file = tmp_path / "wandb.key"
-    key_file.write_text(wandb_key + "\n")
-    key_file.chmod(0o600)
-    env = {k: v for k, v in clean_env.items() if k != "WANDB_API_KEY"}
-    info = _submit(cli, sandbox, env, tmp_path, f"wandb.api_key_file={key_file}")
-    assert sandbox.wait(info["job_id"]) == "COMPLETED", Path(info["stdout"]).read_text()
+def test_key_from_a_file_read_inside_the_job(demo_job, wandb_key):
+    info, state, _ = demo_job
+    assert state == "COMPLETED", Path(info["stdout"]).read_text()
     report = json.loads((Path(info["run_dir"]) / "demo-report.r0.json").read_text())
     digest = hashlib.sha256(wandb_key.encode()).hexdigest()[:12]
     assert [n["wandb_api_key"]["sha256_12"] for n in report["nodes"]] == [digest, digest]
-    assert wandb_key not in Path(info["script"]).read_text()
+    script = Path(info["script"]).read_text()
+    assert wandb_key not in script and f"KEY_FILE={Path(info['run_dir']).parent.parent.parent / 'wandb.key'}" \
+        in script  # the job reads the file; the submitting environment had no key
 
 
 def test_a_ray_token_gone_before_ray_starts_fails_the_job_at_once_naming_it(cli, sandbox, clean_env, tmp_path):
