@@ -81,7 +81,10 @@ def resumed(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
         "cluster.requeue=true", "cluster.resume_from=latest-complete", f"wandb.experiment={EXPERIMENT}",
         f"verl.overrides.trainer.total_training_steps={STEPS}", f"verl.overrides.trainer.save_freq={EVERY}",
         f"verl.overrides.trainer.max_actor_ckpt_to_keep={KEEP}",
-        f"verl.overrides.trainer.test_freq={STEPS}"])  # one validation, at the last step: its W&B row
+        f"verl.overrides.trainer.test_freq={STEPS}",  # one validation, at the last step: its W&B row
+        # one agent-loop worker, not one per node: a process fewer at each of the three starts
+        # (traces from both nodes are the `trained` job's to show)
+        "verl.overrides.actor_rollout_ref.rollout.agent.num_workers=1"])
     job.env, job.requeuer, job.sandbox = env, requeuer, sandbox
     assert job.run_dir is not None, job.out + job.err
     return job
