@@ -48,7 +48,9 @@ class Cluster:
     ray_auth_off: Optional[str] = None
     object_store_memory: Optional[int] = None  # bytes per node; Ray's default when null
     network_interface: Optional[str] = None  # e.g. ib0: Ray uses its address on every node
-    port_range: List[int] = field(default_factory=lambda: [20000, 59999])  # Ray's ports, per job a block
+    # Ray's ports, per job a block; below Linux's default ephemeral range (32768-60999): a port
+    # there may be any outbound connection's on the node, and Ray's bind then fails (seen on CI)
+    port_range: List[int] = field(default_factory=lambda: [20000, 32767])
     worker_ports: int = 200  # Ray worker ports per node per job
     # Preemption and time limits: --requeue, and USR1 this many seconds before the limit; the
     # job then tears down and requeues itself, at most max_restarts times, and resumes.
