@@ -164,6 +164,20 @@ def test_a_step_line_ray_cut_in_two_is_read_whole(tmp_path):
     assert s.parts["generation"] == 10.5 and s.parts["update"] == 2.0 and s.parts["rest"] == 1.5
 
 
+def test_a_step_line_cut_anywhere_is_read_whole(tmp_path):
+    """Ray cuts a long line wherever its buffer ends: in a key, in a value (CI: `...0.0005427383` then
+    `426839450999978 - timing_s/update_weights:...`), in the ` - ` between, in the last value."""
+    body = ("timing_s/gen:np.float64(10.5) - timing_s/update_actor:-2.0 - timing_s/step:14.0 - "
+            "perf/total_num_tokens:300")
+    log = tmp_path / "driver.r0.log"
+    for cut in range(1, len(body)):
+        log.write_text(f"\x1b[36m(TaskRunner pid=9)\x1b[0m step:4 - {body[:cut]}\n{body[cut:]}\n"
+                       "(TaskRunner pid=9) Training Progress: 4/7\nthe driver's own words: done\n")
+        [s] = report.read_steps(log)
+        assert (s.step, s.seconds, s.tokens) == (4, 14.0, 300), (cut, body[:cut], s)
+        assert s.parts["generation"] == 10.5, (cut, s.parts)
+
+
 def test_a_progress_bar_that_breaks_into_a_step_line_is_left_out(tmp_path):
     """As on the sandbox: verl's stdout cut at a buffer's end, tqdm's bar (stderr) in between."""
     log = tmp_path / "driver.r0.log"

@@ -164,7 +164,7 @@ def read_steps(log: Path) -> List[Step]:
         if foreign:
             body = body[:foreign.start()]
         for rest in lines[i + 1:]:
-            if rest.startswith("(") or " - " not in rest or not _CONTINUED.match(rest):
+            if not _continues(rest):
                 break
             body += rest
         metrics = {}
@@ -183,6 +183,19 @@ def read_steps(log: Path) -> List[Step]:
         parts.update(rest=max(timer - inside, 0.0), validation=t["validation"], checkpoint=t["checkpoint"])
         by[int(m.group(1))] = Step(int(m.group(1)), timer + t["validation"], parts, metrics.get("perf/total_num_tokens"))
     return [by[s] for s in sorted(by)]
+
+
+def _continues(rest: str) -> bool:
+    """Whether REST is the rest of a step line that Ray cut, wherever the cut fell: in a key, a value
+    (`426 - timing_s/...`, `(10.5) - ...`), the ` - ` between, or the last value (no space at all);
+    never another process's line (Ray's prefix) nor the driver's own words."""
+    if not rest or _RAY_PREFIX.match(rest):
+        return False
+    r = rest.lstrip(" -")
+    head, sep, tail = r.partition(" - ")
+    if not sep:
+        return bool(r) and " " not in r.strip()  # the tail of the line's last value
+    return " " not in head and bool(_CONTINUED.match(tail))
 
 
 def _jsonl(path: Path, gaps: List[str], what: str, fields: Dict[str, type]) -> List[dict]:
