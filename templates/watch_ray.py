@@ -10,7 +10,7 @@
 #     forever, silently, for a placement group or actor that does not fit);
 #   - driver-error: a vLLM engine died (vLLM's own lines in the driver log), or an actor of the
 #     job died (Ray's actor table: its process died, or ran out of memory), and the driver is
-#     still running EVIDENCE_GRACE s later (verl's trainer waits on a dead engine for ever);
+#     still running GRACE s later (cluster.death_grace; verl's trainer waits on a dead engine for ever);
 #   - hang: no new training step for STALL_TIMEOUT ("auto": 10 x the slowest step seen, at
 #     least 1800 s; "off"), counted from the first step, so a slow start is never a stall.
 # - a line in LOST_FILE ("node reason") for each of the job's nodes Ray marks dead;
@@ -18,7 +18,7 @@
 #   may fail of it before a verdict is due), so that the job's phase names the engine.
 # Exits 0 if this Ray has no such API: the job then runs on without the watchdog.
 # argv: GCS_ADDRESS STATE_FILE VERDICT_FILE NODES_FILE DRIVER_LOG PENDING_TIMEOUT LOST_FILE
-#       STALL_TIMEOUT ENGINE_FILE STEPS_FILE [POLL_S]
+#       STALL_TIMEOUT ENGINE_FILE STEPS_FILE [GRACE_S] [POLL_S]
 import json
 import os
 import re
@@ -30,8 +30,8 @@ from collections import Counter
 gcs, state_file, reason_file, nodes_file, driver_log = sys.argv[1:6]
 pending_timeout, lost_file, stall_timeout, engine_file = float(sys.argv[6]), *sys.argv[7:10]
 steps_file = sys.argv[10] if len(sys.argv) > 10 else None  # when each step was first seen (`report`)
-poll = float(sys.argv[11]) if len(sys.argv) > 11 else 2.0
-EVIDENCE_GRACE = 20  # s: a driver that fails of the death itself says better why
+EVIDENCE_GRACE = float(sys.argv[11]) if len(sys.argv) > 11 else 20.0  # s: a driver failing of a death says better why
+poll = float(sys.argv[12]) if len(sys.argv) > 12 else 2.0
 STALL_FLOOR, STALL_STEPS = 1800, 10  # "auto" (launcher/checks/fields.py says the same to users)
 hosts = {}
 with open(nodes_file) as f:

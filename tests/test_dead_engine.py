@@ -17,18 +17,19 @@ from sandbox_procs import job_processes
 from verl_train import BRIDGE, job_env, kill_engine_mid_training
 from wandb_standin import StandIn
 
+GRACE = 5  # s: cluster.death_grace (20 by default); the frozen trainer says nothing in it anyway
 
 def test_a_dead_vllm_engine_ends_the_job_naming_it_and_leaves_nothing(sandbox, node_python, smoke_assets,
                                                                        wandb_key, tmp_path, cli):
     """verl's fit loop frozen (SIGSTOP) before the kill, a trainer that would wait for ever: the
-    watchdog's verdict ends the job 20 s (EVIDENCE_GRACE) after vLLM's line, the phase naming the
+    watchdog's verdict ends the job GRACE s (cluster.death_grace) after vLLM's line, the phase naming the
     engine from that line. (verl 0.9.1 unfrozen mostly fails of the dead engine by itself, with
     the same phase: `make bench-dead-engine` runs both; the suite runs the case the launcher alone
     must end.)"""
     env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp_path))
     with StandIn(host=BRIDGE, api_key=wandb_key) as w:  # up after the job: `traces --expect` reads it
         job, kill, seconds = kill_engine_mid_training(node_python=node_python, runs=tmp_path / "runs", env=env,
-                                                      freeze_trainer=True, standin=w)
+                                                      freeze_trainer=True, standin=w, grace=GRACE)
         _check(job, kill, seconds, env, cli)
 
 
@@ -39,7 +40,7 @@ def _check(job, kill, seconds, env, cli):
     assert job.returncode == 1, job.out[-3000:] + job.err[-3000:]
     assert seconds < 120
     # the watchdog ended it: after its grace, before the driver said anything
-    assert seconds >= 20 and [p for p in job.phases if p["phase"] == "driver-error"] == \
+    assert seconds >= GRACE and [p for p in job.phases if p["phase"] == "driver-error"] == \
         [p for p in job.phases if p["phase"] in ("driver-error", "driver-end")][:1]
     assert max(job.steps) < 60  # it did not train on
     err = [p for p in job.phases if p["phase"] == "driver-error"]

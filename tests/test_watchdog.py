@@ -48,7 +48,18 @@ def test_a_stall_timeout_that_is_not_positive_seconds_is_refused(cli, clean_env,
 def test_stall_timeout_reaches_the_watchdog(cli, clean_env, value, script):
     proc = cli("render", RECIPES / "sandbox-demo.yaml", f"cluster.stall_timeout={value}", env=clean_env)
     assert proc.returncode == 0, proc.stderr
-    assert f'"$LOG_DIR/lost-nodes.r$RESTART.txt" \\\n  {script} "$ENGINE_FILE" "$LOG_DIR/steps.r$RESTART.jsonl" <<' in proc.stdout
+    assert f'"$LOG_DIR/lost-nodes.r$RESTART.txt" \\\n  {script} "$ENGINE_FILE" "$LOG_DIR/steps.r$RESTART.jsonl" \\\n  20 <<' in proc.stdout
+
+
+@pytest.mark.parametrize("value, ok", [("0", True), ("7", True), ("-1", False), ("soon", False), ("2.5", False)])
+def test_death_grace_reaches_the_watchdog_or_is_refused(cli, clean_env, value, ok):
+    proc = cli("render", RECIPES / "sandbox-demo.yaml", f"cluster.death_grace={value}", env=clean_env)
+    if ok:
+        assert proc.returncode == 0, proc.stderr
+        assert f'"$LOG_DIR/steps.r$RESTART.jsonl" \\\n  {value} <<' in proc.stdout
+    else:
+        assert proc.returncode == 2 and "cluster.death_grace" in proc.stderr, proc.stdout + proc.stderr
+        assert proc.stdout == ""
 
 
 def test_a_run_with_no_new_step_for_stall_timeout_ends_and_a_slow_start_does_not(cli, sandbox, clean_env, tmp_path):
@@ -75,7 +86,7 @@ def test_a_run_with_no_new_step_for_stall_timeout_ends_and_a_slow_start_does_not
 
 def test_an_actor_the_driver_holds_dying_ends_the_job_naming_it(cli, sandbox, clean_env, tmp_path):
     info, env = _submit(cli, sandbox, clean_env, tmp_path, "+verl.overrides.demo.actor_dies=true",
-                        "verl.overrides.demo.hold=600", "cluster.requeue=true")
+                        "verl.overrides.demo.hold=600", "cluster.requeue=true", "cluster.death_grace=3")
     state, out = _ended(sandbox, info)
     assert state == "FAILED", out[-3000:]
     err = [p for p in _phases(info) if p["phase"] == "driver-error"]
@@ -84,7 +95,7 @@ def test_an_actor_the_driver_holds_dying_ends_the_job_naming_it(cli, sandbox, cl
     killed = next(ln for ln in Path(info["run_dir"], "logs", "driver.r0.log").read_text().splitlines()
                   if "(demo.actor_dies)" in ln)
     assert "169.254.77.12" in killed  # on node2, as the verdict says
-    # 20 s of grace for the driver to fail on its own, then the job ends (not at hold's 600 s).
+    # 3 s of grace (cluster.death_grace) for the driver to fail on its own, then the job ends (not at hold's 600 s).
     killed_at = next(p["time"] for p in _phases(info) if p["phase"] == "driver-start")
     assert err[0]["time"] - killed_at < 90
     assert job_processes(info["job_id"]) == []
@@ -95,7 +106,8 @@ def test_an_actor_the_driver_holds_dying_ends_the_job_naming_it(cli, sandbox, cl
 def test_a_death_with_gpu_hardware_words_blames_the_node_and_requeues_without_it(cli, sandbox, clean_env, tmp_path):
     """The dead actor's node said a GPU hardware error (an Xid) first: the evidence points at the
     node, so with cluster.requeue the job requeues itself without it, as for bad nodes."""
-    info, env = _submit(cli, sandbox, clean_env, tmp_path, "cluster.requeue=true", "+verl.overrides.demo.actor_dies=true",
+    info, env = _submit(cli, sandbox, clean_env, tmp_path, "cluster.requeue=true", "cluster.death_grace=3",
+                        "+verl.overrides.demo.actor_dies=true",
                         "+verl.overrides.demo.actor_says='NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.'",
                         "verl.overrides.demo.hold_first=600")
     try:

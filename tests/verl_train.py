@@ -361,15 +361,17 @@ class Busy:
 
 
 def kill_engine_mid_training(*, node_python, runs: Path, env: dict, freeze_trainer: bool = False,
-                             standin: Optional[StandIn] = None) -> tuple:
+                             standin: Optional[StandIn] = None, grace: Optional[int] = None) -> tuple:
     """recipes/sandbox-verl.yaml for 60 steps; node2's EngineCore SIGKILLed 2.2 s after verl's
     step 2 (in the actor update, before the weight sync; FREEZE_TRAINER: verl's fit loop
     SIGSTOPped first). (the job, the EngineKill, seconds from the kill to `submit --wait`'s end).
-    STANDIN: the caller's W&B stand-in, to read the traces from after the job."""
+    STANDIN: the caller's W&B stand-in, to read the traces from after the job. GRACE: the
+    watchdog's cluster.death_grace (None: the recipe's)."""
     kill = EngineKill(node="node2", at=2, after=2.2, freeze_trainer=freeze_trainer)
     job = train(node_python=node_python, runs=runs, env=env, timeout=600, during=kill, standin=standin,
                 overrides=["verl.overrides.trainer.total_training_steps=60", "verl.overrides.trainer.save_freq=-1",
-                           "wandb.experiment=dead-engine"])
+                           "wandb.experiment=dead-engine",
+                           *([f"cluster.death_grace={grace}"] if grace is not None else [])])
     return job, kill, (job.submitted_at + job.seconds - kill.killed) if kill.killed else None
 
 

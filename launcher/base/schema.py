@@ -76,6 +76,10 @@ class Cluster:
     # a dead or stuck engine). Seconds; "auto": 10 x the slowest step seen, at least 1800 s;
     # "off". The clock starts at the first step; engine deaths and dead actors end it sooner.
     stall_timeout: Any = "auto"
+    # After a vLLM engine or an actor the driver holds dies, the driver gets this many seconds to
+    # fail of it in its own words before the watchdog ends the job (verl waits on a dead engine
+    # for ever). Shorter ends a doomed run sooner; too short may cut off the driver's own error.
+    death_grace: int = 20
     # What a GPU-hour costs here (any currency): `report` then gives the run's cost and the cost
     # per kept step. null: no cost shown.
     gpu_hour_price: Optional[float] = None

@@ -140,6 +140,8 @@ def validate(r: Recipe, blame) -> None:
         bad("cluster.gpu_vendor", f"{c.gpu_vendor!r} is not one of {', '.join(GPU_VENDORS)}")
     if c.pending_timeout < 0:
         bad("cluster.pending_timeout", f"must be 0 (no watchdog) or more seconds, got {c.pending_timeout}")
+    if c.death_grace < 0:
+        bad("cluster.death_grace", f"must be 0 or more seconds, got {c.death_grace}")
     try:
         stall_timeout(c.stall_timeout)
     except ValueError as e:

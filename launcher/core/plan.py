@@ -63,6 +63,7 @@ class Restarts:
     signal_seconds: int
     max_restarts: int
     pending_timeout: Any
+    death_grace: int  # the watchdog's wait for the driver's own error after a death
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def resolve(r: Recipe, blame=lambda key: "recipe", args: Optional[List[str]] = N
                 network_interface=c.network_interface or "", port_min=c.port_range[0], worker_ports=c.worker_ports,
                 gpu_vendor=c.gpu_vendor),
         restarts=Restarts(requeue=c.requeue, signal_seconds=c.signal_seconds, max_restarts=c.max_restarts,
-                          pending_timeout=c.pending_timeout),
+                          pending_timeout=c.pending_timeout, death_grace=c.death_grace),
         on_unreachable=r.trace.on_unreachable,
         reach_weave=r.trace.backend == "weave",
         directives=tuple(directives(r)),
