@@ -25,7 +25,8 @@ def episodes(node_python, smoke_assets) -> list:
     env.update(PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'cpu_platform'}", VERL_PLATFORM="cpu",
                VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", TOKENIZERS_PARALLELISM="false",
                HF_HUB_OFFLINE="1", WANDB_ERROR_REPORTING="false",  # weave would report to its error service
-               VLLM_CACHE_ROOT=str(VLLM_CACHE))  # what the training jobs learnt of the model class
+               VLLM_CACHE_ROOT=str(VLLM_CACHE),  # what the training jobs learnt of the model class
+               VLLM_ENABLE_V1_MULTIPROCESSING="0")  # offline: no engine-core process importing it all again
     proc = subprocess.run([str(node_python), str(ROOT / "tests" / "tool_model_probe.py"), str(smoke_assets),
                            str(ROOT / "recipes" / "tools" / "calculator.yaml"), str(EPISODES)],
                           env=env, cwd="/tmp", capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)

@@ -204,7 +204,9 @@ def run(spec: MergeSpec) -> str:
         raise
     print(f"verl-launch merge: {target} ({report['parameters']} parameters, {report['dtype']})", flush=True)
     if spec.serve_check:
-        _serve_check(serve, env, target, report)
+        # Offline vLLM in one process: nothing is served over the network, and the engine core's
+        # own process would import torch and vLLM again (the user's own setting is kept).
+        _serve_check(serve, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **env}, target, report)
     return str(target)
 
 
