@@ -45,20 +45,23 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# Everything, in four runs: the quick tier (verl kept out, as in test-quick) and the verl tier, each
-# on 2 workers (nothing of the sandbox's runs beside them), then the sandbox and training tests in
-# one process (beside a second worker the sandbox's timing-sensitive tests failed on 2 cores), then
-# the tests that read accounting, with slurmdbd (once: of them only the `jobcomp` one also runs in
-# the third run, against Slurm's job-completion log, the fallback without slurmdbd). Each run goes on after another fails, so that
-# one report names every failure. docs/testing.md: the tiers, which training job serves which tests.
+# Everything, in four runs: the quick tier (verl kept out, as in test-quick) on 2 workers; the verl
+# tier and the training tests that use no Slurm (the V1 local run, the node environment's and the
+# tool model's probes, verl's command lines) on 2 workers, those training tests one after another on
+# one of them (--dist loadgroup), the verl tier on both; then the sandbox tests in one process
+# (beside a second worker the sandbox's timing-sensitive tests failed on 2 cores), then the tests
+# that read accounting, with slurmdbd (once: of them only the `jobcomp` one also runs in the third
+# run, against Slurm's job-completion log, the fallback without slurmdbd). Each run goes on after
+# another fails, so that one report names every failure. docs/testing.md: the tiers, which
+# training job serves which tests.
 # The two environments install side by side (on a fresh 2-core machine 212 s, one after the other 342 s).
 test: system-deps
 	@$(MAKE) --no-print-directory -j2 install node-env
 	rc=0; \
 	PYTHONPATH=$(abspath tests/no_verl) $(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=5 \
 	  -m "not sandbox and not train and not verl" || rc=1; \
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=10 -m "verl and not sandbox and not train" || rc=1; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "((sandbox or train) and not accounting) or jobcomp" || rc=1; \
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15 -m "(verl or train) and not sandbox" || rc=1; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "(sandbox and not accounting) or jobcomp" || rc=1; \
 	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting || rc=1; \
 	exit $$rc
 

@@ -84,3 +84,25 @@ def test_local_sweep_runs_the_points_one_after_another(cli, clean_env, tmp_path)
     st = json.loads(cli("status", out["sweep_dir"], "--json", env=env).stdout)
     assert st["counts"] == {"COMPLETED": 1, "FAILED": 1}
     assert all(_marked(p["job_id"]) == [] for p in out["points"])
+
+
+def test_two_local_runs_never_claim_the_same_block_of_ray_ports():
+    """Each run holds a lock on its block of Ray ports for its life: two runs starting together
+    find the same block free before either Ray binds it (seen when the suite ran local runs side
+    by side: one run's readiness check was answered by the other's Ray, InvalidAuthToken)."""
+    import os
+
+    from launcher.backends import local
+    from launcher.core.recipe import load
+
+    # one block in the whole range (9 fixed ports + 16 worker ports): both runs would take it
+    plan = load(RECIPES / "sandbox-demo.yaml", ["cluster.port_range=[31000,31024]", "cluster.worker_ports=16"]).plan
+    assert plan.port_slots == 1
+    _, lock = local._claim_job_id(plan)
+    try:
+        with pytest.raises(OSError, match="no free block of Ray ports"):
+            local._claim_job_id(plan)
+    finally:
+        os.close(lock)
+    _, lock = local._claim_job_id(plan)  # released with the run
+    os.close(lock)

@@ -10,16 +10,18 @@ anything left that carries this run's marker variable is killed and reported.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import List, Mapping, Optional, TextIO
+from typing import List, Mapping, Optional, TextIO, Tuple
 
 from ..core.paths import RunPaths
 from ..core.plan import RAY_FIXED_PORTS, Plan
@@ -64,15 +66,29 @@ def _interface_of(ip: str) -> str:
     return "lo"
 
 
-def _free_job_id(p: Plan) -> int:
-    """A job id whose block of Ray ports is free on this machine now."""
+def _claim_job_id(p: Plan) -> Tuple[int, int]:
+    """A job id whose block of Ray ports is free on this machine, and a lock on that block (an
+    fd), held for the run's life. Free ports alone are not enough: two local runs starting
+    together both find a block free before either Ray binds it, and gRPC's listeners share a
+    port (SO_REUSEPORT), so each run's Ray would then answer the other's clients (seen: a run's
+    readiness check refused with InvalidAuthToken, the other run's token)."""
     lo = p.ray.port_min
     block = RAY_FIXED_PORTS + p.ray.worker_ports
+    locks = Path(tempfile.gettempdir()) / "verl-launch-local-ports"  # every user's runs: sticky, as /tmp
+    if not locks.is_dir():
+        locks.mkdir(exist_ok=True)
+        locks.chmod(0o1777)
     for _ in range(50):
         job_id = random.randrange(100000, 999999)
         first = lo + (job_id % p.port_slots) * block
-        if all(_port_free(p) for p in range(first, first + block)):
-            return job_id
+        fd = os.open(locks / f"{first}.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            if all(_port_free(port) for port in range(first, first + block)):
+                return job_id, fd
+        except OSError:  # another local run holds this block
+            pass
+        os.close(fd)
     raise OSError("no free block of Ray ports found in cluster.port_range")
 
 
@@ -95,9 +111,18 @@ def run(req, environ: Mapping[str, str], out: Optional[TextIO] = None) -> dict:
     shutil.copytree(templates_dir() / "local", shims)
     for shim in shims.iterdir():  # a wheel does not keep the executable bit
         shim.chmod(0o700)
-    job_id = str(_free_job_id(plan))
+    job_id, ports_lock = _claim_job_id(plan)
+    try:
+        return _run(req, dict(environ, PATH=f"{shims}{os.pathsep}{environ.get('PATH', '')}"), str(job_id), out)
+    finally:
+        os.close(ports_lock)  # after the leftovers were killed: nothing of this run holds its ports
+
+
+def _run(req, environ: Mapping[str, str], job_id: str, out: Optional[TextIO]) -> dict:
+    """The script run under JOB_ID (its Ray ports claimed), ENVIRON with the shims first on PATH."""
+    p, plan = req.paths, req.plan
     host = socket.gethostname().split(".")[0]
-    env = dict(environ, PATH=f"{shims}{os.pathsep}{environ.get('PATH', '')}", SLURM_JOB_ID=job_id,
+    env = dict(environ, SLURM_JOB_ID=job_id,
                SLURM_JOB_NODELIST=host, SLURMD_NODENAME=host, SLURM_CPUS_PER_TASK=str(plan.ray.cpus),
                SLURM_RESTART_COUNT="0", **{MARKER: job_id})
     record = req.register(job_id, runner={"host": host, "pid": os.getpid()})
