@@ -13,10 +13,11 @@ SYSTEM_PKGS := slurmctld slurmd slurm-client slurmdbd mariadb-server munge iprou
 
 install: $(VENV)/.installed
 
+# tests/tools/pip_install.py: pip's own configuration handed to uv (pip where uv cannot be had)
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) tests/tools/pip_install.py -e '.[test]'
 	touch $@
 
 # TEST-ONLY: what the sandbox's nodes run so that verl trains on CPUs with vLLM's CPU build
@@ -29,7 +30,7 @@ $(NODE_VENV)/.installed: tests/node_env/requirements.txt
 	rm -rf $(NODE_VENV)
 	$(PYTHON) -m venv $(NODE_VENV)
 	$(NODE_PY) -m pip install -q --upgrade pip
-	$(NODE_PY) -m pip install -q -r tests/node_env/requirements.txt
+	$(NODE_PY) tests/tools/pip_install.py -r tests/node_env/requirements.txt
 	@# The index's torchvision/torchcodec are CUDA builds: beside them `import vllm` fails.
 	$(NODE_PY) -m pip uninstall -y -q torchvision torchcodec
 	@# WANDB_ERROR_REPORTING: weave's import would otherwise try to report to its error service
@@ -54,7 +55,7 @@ system-deps:
 # run, against Slurm's job-completion log, the fallback without slurmdbd). Each run goes on after
 # another fails, so that one report names every failure. docs/testing.md: the tiers, which
 # training job serves which tests.
-# The two environments install side by side (on a fresh 2-core machine 212 s, one after the other 342 s).
+# The two environments install side by side, through uv (tests/tools/pip_install.py).
 test: system-deps
 	@$(MAKE) --no-print-directory -j2 install node-env
 	rc=0; \

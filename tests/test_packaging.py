@@ -76,3 +76,24 @@ def test_wheel_in_a_fresh_venv_renders_and_checks(wheel, tmp_path):
     typo = subprocess.run([exe, "check", mine, "+verl.overrides.trainer.total_epoch=2"], capture_output=True,
                           text=True, cwd=tmp_path, env=env)
     assert typo.returncode == 2 and "did you mean trainer.total_epochs?" in typo.stderr, typo.stderr
+
+
+def test_make_installs_hand_pips_own_configuration_to_uv(tmp_path):
+    """tests/tools/pip_install.py: uv gets pip's index, extra indexes, find-links, constraints and
+    CA file as flags, pip's variables before its files, and the best version across indexes."""
+    (tmp_path / "pip.conf").write_text("[global]\nfind-links = /from-file\nconstraint = /c.txt\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    env.update(PIP_CONFIG_FILE=str(tmp_path / "pip.conf"), PIP_FIND_LINKS="/w1 /w2",
+               PIP_EXTRA_INDEX_URL="file:///idx1 file:///idx2", PIP_CERT="/ca.pem")
+    code = ("import json, sys; sys.path.insert(0, 'tests/tools'); import pip_install as p; "
+            "c = p.pip_config(); print(json.dumps([p.uv_command(['-r', 'req.txt'], c), c.get('cert')]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr
+    cmd, cert = json.loads(proc.stdout)
+    pairs = list(zip(cmd[4:], cmd[5:]))
+    assert cmd[1:4] == ["pip", "install", "-q"] and cmd[-2:] == ["-r", "req.txt"]
+    assert ("--find-links", "/w1") in pairs and ("--find-links", "/w2") in pairs
+    assert ("--find-links", "/from-file") not in pairs  # the variable wins, as in pip
+    assert ("--extra-index-url", "file:///idx1") in pairs and ("--extra-index-url", "file:///idx2") in pairs
+    assert ("--constraint", "/c.txt") in pairs and ("--index-strategy", "unsafe-best-match") in pairs
+    assert cert == "/ca.pem"
