@@ -96,4 +96,5 @@ def test_make_installs_hand_pips_own_configuration_to_uv(tmp_path):
     assert ("--find-links", "/from-file") not in pairs  # the variable wins, as in pip
     assert ("--extra-index-url", "file:///idx1") in pairs and ("--extra-index-url", "file:///idx2") in pairs
     assert ("--constraint", "/c.txt") in pairs and ("--index-strategy", "unsafe-best-match") in pairs
+    assert "--compile-bytecode" in cmd  # as pip does: else each process compiles torch at import
     assert cert == "/ca.pem"
