@@ -75,9 +75,11 @@ def _claim_job_id(p: Plan) -> Tuple[int, int]:
     lo = p.ray.port_min
     block = RAY_FIXED_PORTS + p.ray.worker_ports
     locks = Path(tempfile.gettempdir()) / "verl-launch-local-ports"  # every user's runs: sticky, as /tmp
-    if not locks.is_dir():
-        locks.mkdir(exist_ok=True)
-        locks.chmod(0o1777)
+    try:
+        locks.mkdir()
+        locks.chmod(0o1777)  # whoever makes it: not under their umask
+    except FileExistsError:  # another run, maybe another user's, made it
+        pass
     for _ in range(50):
         job_id = random.randrange(100000, 999999)
         first = lo + (job_id % p.port_slots) * block
