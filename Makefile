@@ -48,8 +48,8 @@ system-deps:
 
 # Everything, in four runs: the quick tier (verl kept out, as in test-quick) on 2 workers; the verl
 # tier and the training tests that use no Slurm (the V1 local run, the node environment's and the
-# tool model's probes, verl's command lines) on 2 workers, those training tests one after another on
-# one of them (--dist loadgroup), the verl tier on both; then the sandbox tests in one process
+# tool model's probes, verl's command lines) on 2 workers, test by test (each probe a session
+# fixture: a worker runs it once); then the sandbox tests in one process
 # (beside a second worker the sandbox's timing-sensitive tests failed on 2 cores), then the tests
 # that read accounting, with slurmdbd (once: of them only the `jobcomp` one also runs in the third
 # run, against Slurm's job-completion log, the fallback without slurmdbd). Each run goes on after
@@ -62,7 +62,7 @@ test: system-deps
 	rc=0; \
 	PYTHONPATH=$(abspath tests/no_verl) $(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=5 \
 	  -m "not sandbox and not train and not verl" || rc=1; \
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup --durations=15 -m "(verl or train) and not sandbox" || rc=1; \
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=15 -m "(verl or train) and not sandbox" || rc=1; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "(sandbox and not accounting) or jobcomp" || rc=1; \
 	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting || rc=1; \
 	exit $$rc

@@ -120,12 +120,13 @@ def _probe(node_python, model: str, cpu_platform: bool) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not "module": under xdist a worker tore the probe down between
+# this module's tests and ran it again (a clean clone's make test, 54-182 s each time)
 def shimmed(node_python, smoke_assets) -> dict:
     return _probe(node_python, str(smoke_assets / "model"), cpu_platform=True)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bare(node_python, smoke_assets) -> dict:
     return _probe(node_python, str(smoke_assets / "model"), cpu_platform=False)
 

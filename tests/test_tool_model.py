@@ -19,7 +19,8 @@ from verl_train import VLLM_CACHE
 EPISODES = 50  # 90% of 50 still tells a taught model from one that is not (CI's time)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # not "module": under xdist a worker tore the probe down between
+# this module's tests and ran it again (a clean clone's make test, 54-182 s each time)
 def episodes(node_python, smoke_assets) -> list:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_", "VLLM_", "PYTHONPATH"))}
     env.update(PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'cpu_platform'}", VERL_PLATFORM="cpu",
