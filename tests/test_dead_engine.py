@@ -19,6 +19,7 @@ from wandb_standin import StandIn
 
 GRACE = 5  # s: cluster.death_grace (20 by default); the frozen trainer says nothing in it anyway
 
+
 def test_a_dead_vllm_engine_ends_the_job_naming_it_and_leaves_nothing(sandbox, node_python, smoke_assets,
                                                                        wandb_key, tmp_path, cli):
     """verl's fit loop frozen (SIGSTOP) before the kill, a trainer that would wait for ever: the
