@@ -67,6 +67,13 @@ def conversation(q: str, answer: str) -> list:
             {"role": "assistant", "content": f"#### {answer}"}]
 
 
+# The training rows' agent loops, per 2 rows. recipes/sandbox-tool-agent.yaml reads them in order
+# (data.shuffle false), 4 rows a step, 2 to each of its agent-loop workers (verl hands each worker
+# a contiguous chunk): step 1's workers run tool_agent and the example loop, step 2's single
+# turn and tool_agent. Every loop in 2 steps, and the tool in both workers (one on each node).
+TRAIN_AGENTS = ("tool_agent", "checked_agent", "single_turn_agent", "tool_agent")
+
+
 def rows(items: list, split: str, agents: tuple) -> list:
     """verl's row format; AGENTS cycles per row in blocks of two (the agent loop's name)."""
     return [{"data_source": DATA_SOURCE,
@@ -174,7 +181,7 @@ def greedy_calls(model, tokenizer, render, items: list) -> list:
 
 
 def build(out: Path, seed: int = 0, train: int = 256, test: int = 32, steps: int = 1500,
-          agents: tuple = ("tool_agent",), check: bool = True) -> dict:
+          agents: tuple = TRAIN_AGENTS, check: bool = True) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -182,7 +189,8 @@ def build(out: Path, seed: int = 0, train: int = 256, test: int = 32, steps: int
     items = problems(train + test, rng)
     (out / "data").mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows(items[:train], "train", agents)), out / "data" / "tool-train.parquet")
-    pq.write_table(pa.Table.from_pylist(rows(items[train:], "test", agents)), out / "data" / "tool-test.parquet")
+    pq.write_table(pa.Table.from_pylist(rows(items[train:], "test", ("tool_agent",))),
+                   out / "data" / "tool-test.parquet")
     # Taught on more problems than the data holds: the model copies numbers, it does not recall them.
     taught = problems(2048, random.Random(seed + 2))
     # The BPE merges come from the exchanges' text; what is taught is the chat template's render.
@@ -222,7 +230,8 @@ if __name__ == "__main__":  # the tool assets alone (smoke_assets builds them be
     ap.add_argument("out", type=Path)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--agents", default="tool_agent", help="comma-separated agent loop names, cycled per 2 rows")
+    ap.add_argument("--agents", default=",".join(TRAIN_AGENTS),
+                    help="the training rows' agent loop names, comma-separated, cycled per 2 rows")
     ap.add_argument("--no-check", action="store_true", help="keep a model that writes no well-formed call")
     args = ap.parse_args()
     print(json.dumps(build(args.out, args.seed, steps=args.steps, agents=tuple(args.agents.split(",")),

@@ -177,13 +177,33 @@ def smoke_assets() -> Path:
     return out
 
 
+def once_per_run(tmp_path_factory, name: str, compute):
+    """COMPUTE()'s result (JSON), once for the whole test run. Under xdist each worker has a
+    session of its own, and a costly probe (a node-environment process: 1-4 minutes under load)
+    ran once in each worker that needed it: the first computes it, the others wait and read it.
+    A probe that fails writes nothing: the next worker computes it again and fails in its words."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return compute()
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent  # the run's own, above each worker's
+    path = shared / f"{name}.json"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return json.loads(path.read_text())
+        got = compute()
+        path.write_text(json.dumps(got))
+        return got
+
+
 # Markers from what a test uses, so that they cannot drift from the code: `sandbox` where the
 # Slurm sandbox fixture is in its closure, `train` where the node environment is (verl's trainer
 # or vLLM runs), `verl` where the smoke assets are. A test that starts verl's trainer some other way
 # marks itself `train`; one that imports verl from the test environment (check's preflight with
 # runtime.python this interpreter, verl's config) or runs a local job marks itself `verl`.
 # `make test-quick` runs the rest, with verl kept out (tests/no_verl): one that needs verl fails there.
-_MARK_BY_FIXTURE = {"sandbox": "sandbox", "node_python": "train", "smoke_assets": "verl",
+_MARK_BY_FIXTURE = {"sandbox": "sandbox", "traced": "sandbox", "node_python": "train", "smoke_assets": "verl",
                     # verl's own FSDP checkpoints, written by torch and verl (test_checkpoints,
                     # test_requeue, test_merge)
                     "written": "verl", "saved": "verl", "checkpoints": "verl"}
@@ -235,6 +255,20 @@ def sandbox():
     Checked again for each test module (half a second when healthy): Debian's slurmd has been
     seen to die of a heap corruption in its hostlist code while launching steps (CI, once), and
     a dead node would otherwise fail every module after it. A restart is reported as a warning."""
+    return _sandbox_up()
+
+
+@pytest.fixture(scope="session")
+def traced(node_python, smoke_assets, wandb_key, tmp_path_factory):
+    """The suite's one traced training run (tests/traced_run.py), once a session: two modules
+    read it. (Session-scoped, so it starts the sandbox itself: `sandbox` is checked per module.)"""
+    from traced_run import run
+
+    sandbox = _sandbox_up()
+    yield from run(node_python, smoke_assets, wandb_key, tmp_path_factory.mktemp("traced"), sandbox.env)
+
+
+def _sandbox_up() -> "Sandbox":
     if os.geteuid() != 0:
         pytest.skip("the Slurm sandbox needs root (network namespaces, slurmd)")
     proc = subprocess.run(["bash", str(SANDBOX_UP)], capture_output=True, text=True, timeout=600,

@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, once_per_run
 
 PLATFORM = ROOT / "tests" / "cpu_platform"
 
@@ -122,13 +122,15 @@ def _probe(node_python, model: str, cpu_platform: bool) -> dict:
 
 @pytest.fixture(scope="session")  # not "module": under xdist a worker tore the probe down between
 # this module's tests and ran it again (a clean clone's make test, 54-182 s each time)
-def shimmed(node_python, smoke_assets) -> dict:
-    return _probe(node_python, str(smoke_assets / "model"), cpu_platform=True)
+def shimmed(node_python, smoke_assets, tmp_path_factory) -> dict:
+    return once_per_run(tmp_path_factory, "node-env-shimmed",
+                        lambda: _probe(node_python, str(smoke_assets / "model"), cpu_platform=True))
 
 
 @pytest.fixture(scope="session")
-def bare(node_python, smoke_assets) -> dict:
-    return _probe(node_python, str(smoke_assets / "model"), cpu_platform=False)
+def bare(node_python, smoke_assets, tmp_path_factory) -> dict:
+    return once_per_run(tmp_path_factory, "node-env-bare",
+                        lambda: _probe(node_python, str(smoke_assets / "model"), cpu_platform=False))
 
 
 def test_the_node_environment_has_the_pinned_parts_and_no_cuda_builds(bare):

@@ -112,6 +112,9 @@ def test_the_tool_model_loaded_as_verl_loads_it_writes_the_calculator_call(asset
     tok, model = hf_tokenizer(info["tool_model"]), AutoModelForCausalLM.from_pretrained(info["tool_model"]).eval()
     rows = pq.read_table(info["tool_test"]).to_pylist()
     assert {r["agent_name"] for r in rows} == {"tool_agent"}
+    # the training rows, in order: each pair picks one loop, step by step as the tool recipe reads them
+    train = [r["agent_name"] for r in pq.read_table(info["tool_train"]).to_pylist()]
+    assert train[:10] == ["tool_agent"] * 2 + ["checked_agent"] * 2 + ["single_turn_agent"] * 2 + ["tool_agent"] * 4
     assert all(r["extra_info"]["tools_kwargs"]["calculator"]["create_kwargs"]["ground_truth"] ==
                r["reward_model"]["ground_truth"] for r in rows)
     # verl's reward decodes with special tokens skipped: the call's markers must survive that.

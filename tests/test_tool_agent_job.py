@@ -1,56 +1,27 @@
-"""Agents with tools on the real sandbox (recipes/sandbox-tool-agent.yaml): verl's own
-ToolAgentLoop, driven by the smoke assets' tool model, calls the calculator in agent-loop
-workers (Ray actors) on both nodes, importing it through the recipe's PYTHONPATH, and GRPO trains
-on it. The tool here is the example's with a fault (tests/tools/faulty_calculator.py): every
-other traced call in each worker raises out of its execute (the first one always), as a broken
-tool's would, and verl answers the model with the error and goes on. One 2-step job serves every assertion; what happened is read from
-verl's log and from what the W&B stand-in received (the real weave client sending verl's own
-trace calls). It is a job of its own, not rows of the shared `trained` run: that run's model is
-the plain smoke model, which never writes a tool call."""
+"""Agents with tools on the real sandbox: verl's own ToolAgentLoop, driven by the smoke assets'
+tool model, calls the calculator in agent-loop workers (Ray actors) on both nodes, importing it
+through the recipe's PYTHONPATH, and GRPO trains on it. The tool here is the example's with a
+fault (tests/tools/faulty_calculator.py): every other traced call in each worker raises out of its
+execute (the first one always), as a broken tool's would, and verl answers the model with the
+error and goes on. What happened is read from verl's log and from what the W&B stand-in received
+(the real weave client sending verl's own trace calls).
+
+The run is the suite's one traced run (tests/traced_run.py, recipes/sandbox-tool-agent.yaml),
+whose rows pick their loop: the tool's in step 1 on one agent-loop worker and in step 2 on the
+other; tests/test_verl_job.py reads the same run for the rest."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
+from collections import Counter
 
-import pytest
+from traced_run import STEPS, check
+from wandb_standin import _READS as READS
+from verl_train import NODE_IP
 
-from conftest import RECIPES, ROOT
-from sandbox_procs import job_processes
-from wandb_standin import _READS as READS, StandIn
-from verl_train import BRIDGE, NODE_IP, Busy, assert_trained, job_env, train
-
-RECIPE = RECIPES / "sandbox-tool-agent.yaml"
-FAULTY = ROOT / "tests" / "tools" / "faulty-calculator.yaml"
-STEPS = 2
 LOOP, EXECUTE = "ToolAgentLoop.run", "CalculatorTool.execute"
 BROKEN = "RuntimeError: the calculator is broken on every other call (a test fault)"
-
-
-def _overrides() -> list:
-    """The faulty tool, importable on the nodes through the recipe's environment (PYTHONPATH: the
-    project and the CPU platform, as shipped, and tests/tools)."""
-    path = f"{ROOT}:{ROOT}/tests/cpu_platform:{FAULTY.parent}"
-    return [f"verl.overrides.actor_rollout_ref.rollout.multi_turn.tool_config_path={FAULTY}", f"env.PYTHONPATH={path}"]
-
-
-@pytest.fixture(scope="module")
-def tool_job(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tools")
-    env = sandbox.env(job_env(os.environ, wandb_key=wandb_key, smoke=smoke_assets, tmp=tmp))
-    busy = Busy(at=STEPS - 1)  # the last step and the end under load, as on CI's machine
-    with StandIn(host=BRIDGE, api_key=wandb_key) as w:
-        try:
-            job = train(node_python=node_python, runs=tmp / "runs", env=env, timeout=900, standin=w, recipe=RECIPE,
-                        overrides=_overrides(), during=busy)
-        finally:
-            busy.stop()
-        job.env, job.tmp, job.standin, job.busy = env, tmp, w, busy
-        (tmp / "calls.json").write_text(json.dumps(job.calls, default=str))  # to read when a test fails
-        assert job.run_dir is not None, job.out + job.err
-        yield job
 
 
 def _by_trace(calls) -> dict:
@@ -85,25 +56,12 @@ def _text(output) -> str:
     return str(first.get("text") if isinstance(first, dict) else first)
 
 
-def _check(job, cli):
-    est = cli("check", RECIPE, f"runtime.python={sys.executable}", "wandb.entity=team", *_overrides(), env=job.env)
-    assert est.returncode == 0, est.stderr
-    return est.stdout
-
-
-def test_tool_agent_trains_and_the_weights_reach_vllm(tool_job):
-    job = tool_job
-    assert_trained(job, STEPS)
-    assert job_processes(job.job_id) == []
-    assert job.standin.unknown == []
-
-
-def test_the_last_steps_traces_arrive_without_a_final_checkpoint_under_load(tool_job):
+def test_the_last_steps_traces_arrive_without_a_final_checkpoint_under_load(traced):
     """The recipe saves no checkpoint, and two busy processes ran beside the job from its last
     step on: verl's driver ended right after the last step, yet every trajectory of it arrived
     (assert_trained: every step as estimated), because each agent-loop worker sent a step's traces
     before it handed the step's rollouts back (templates/trace_flush.py), as their records say."""
-    job = tool_job
+    job = traced
     assert job.busy.started is not None and job.busy.started < job.first_log[STEPS], (job.busy.started, job.first_log)
     assert job.checkpoint is None  # no global_step_N: the end came right after the last step
     files = sorted((job.run_dir / "logs").glob("trace-flush-*.r0.jsonl"))
@@ -115,12 +73,12 @@ def test_the_last_steps_traces_arrive_without_a_final_checkpoint_under_load(tool
         assert all(r["flushed"] and r["unsent"] == 0 and r["seconds"] < 60 for r in rs), (name, rs)
 
 
-def test_every_tool_trajectory_holds_the_call_the_model_wrote_and_its_result(tool_job):
+def test_every_tool_trajectory_holds_the_call_the_model_wrote_and_its_result(traced):
     """Each traced ToolAgentLoop trajectory: a parser call that found the model's call, the
     tool's execute with those arguments, its result (or, where it raised, verl's error) in the
     next turn's prompt, and every call in it carrying the trajectory's step, sample_index and
     rollout_n; the response holds the call and the answer."""
-    job = tool_job
+    job = traced
     traces = _by_trace(job.calls)
     roots = _roots(job)
     assert roots, sorted({c["short_name"] for c in job.calls if c["parent_id"] is None})
@@ -163,27 +121,34 @@ def test_every_tool_trajectory_holds_the_call_the_model_wrote_and_its_result(too
     assert len(raised) < len(roots) - len(silent), (len(raised), len(roots))
 
 
-def test_trajectories_and_calls_per_step_are_checks_estimate(tool_job, cli):
+def test_trajectories_and_calls_per_step_are_checks_estimate(traced, cli):
     """Under the cap, 1 sample per agent-loop worker per step with all its rollouts: check's
-    trajectories and calls per step are what arrived; its bytes per step are what the stand-in
+    trajectories per step are what arrived, the tool's one worker's sample a step (that worker's
+    other sample untraced); check's calls per trajectory (a tool loop's, the most a loop here
+    makes) are what a tool trajectory holds; its bytes per step are at most what the stand-in
     received, roughly."""
-    job = tool_job
-    out = _check(job, cli)
+    job = traced
+    out = check(job, cli)
     per_step = int(re.search(r"^traces +about (\d+) per training step", out, re.M).group(1))
     assert per_step == 1 * 2 * 2  # the cap 1 x 2 agent-loop workers x rollout.n 2
-    roots, traces = _roots(job), _by_trace(job.calls)
-    by_step = {}
-    for c in roots:
-        by_step.setdefault(c["attributes"]["step"], []).append(c)
-    assert {s: len(cs) for s, cs in by_step.items()} == {s: per_step for s in range(1, STEPS + 1)}
-    calls = {s: sum(len(traces[r["trace_id"]]) for r in cs) for s, cs in by_step.items()}
+    everyone = Counter(t["attributes"]["step"] for t in job.trajectories)
+    assert everyone == {s: per_step for s in range(1, STEPS + 1)}, everyone
+    tools = Counter(r["attributes"]["step"] for r in _roots(job))
+    assert tools == {s: 2 for s in range(1, STEPS + 1)}, tools  # 1 sample, both its rollouts
+    traces = _by_trace(job.calls)
     m = re.search(r"^traces +about (\d+) calls and ([\d.]+) MB per training step", out, re.M)
     assert m, out
+    each = int(m.group(1)) / per_step  # a trajectory's calls at most: 3 per assistant turn
+    called = [len(traces[r["trace_id"]]) for r in _roots(job)
+              if any(c["short_name"] == EXECUTE for c in traces[r["trace_id"]])]
+    calls = {s: sum(len(traces[t["trace_id"]]) for t in job.trajectories if t["attributes"]["step"] == s)
+             for s in everyone}
     sent = sum(d for path, (_, d) in job.standin.received.items()  # what weave wrote, not what was read
                if path.startswith("/traces/") and path not in READS)
-    print(f"\ncalls per step {calls} (check: {m.group(1)}); sent {sent} bytes in {STEPS} steps "
-          f"({sent / STEPS / 1e6:.3f} MB/step; check: {m.group(2)} MB at most)")
-    assert all(int(m.group(1)) >= n >= int(m.group(1)) * 0.7 for n in calls.values()), (calls, m.group(0))
+    print(f"\ncalls per tool trajectory {called}, per step {calls} (check: {m.group(1)}, {each:g} each); sent "
+          f"{sent} bytes in {STEPS} steps ({sent / STEPS / 1e6:.3f} MB/step; check: {m.group(2)} MB at most)")
+    assert called and all(each >= n >= each * 0.7 for n in called), (called, m.group(0))
+    assert all(n <= int(m.group(1)) for n in calls.values()), (calls, m.group(0))
     assert sent / STEPS / 1e6 <= float(m.group(2)) <= 3 * sent / STEPS / 1e6, (sent, m.group(0))  # at most, roughly
     status = cli("status", job.job_id, env=job.env).stdout  # and a day of it, at this run's pace
     day = re.search(rf"^volume +about {m.group(2)} MB a step at most \(check's estimate\): ([\d.]+) GB a day at "
@@ -191,8 +156,8 @@ def test_trajectories_and_calls_per_step_are_checks_estimate(tool_job, cli):
     assert day and abs(float(day.group(1)) - float(m.group(2)) * 86400 / 1e3 / float(day.group(2))) < 0.2, status
 
 
-def test_traces_show_and_compare_a_tool_trajectory(tool_job, cli):
-    job, env = tool_job, tool_job.env
+def test_traces_show_and_compare_a_tool_trajectory(traced, cli):
+    job, env = traced, traced.env
     listed = cli("traces", job.job_id, "--json", env=env)
     assert listed.returncode == 0, listed.stderr
     tools = [t for t in map(json.loads, listed.stdout.splitlines()) if t["op"] == LOOP and t["tool_calls"] == 1]

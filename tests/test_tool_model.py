@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, once_per_run
 from verl_train import VLLM_CACHE
 
 EPISODES = 50  # 90% of 50 still tells a taught model from one that is not (CI's time)
@@ -21,7 +21,11 @@ EPISODES = 50  # 90% of 50 still tells a taught model from one that is not (CI's
 
 @pytest.fixture(scope="session")  # not "module": under xdist a worker tore the probe down between
 # this module's tests and ran it again (a clean clone's make test, 54-182 s each time)
-def episodes(node_python, smoke_assets) -> list:
+def episodes(node_python, smoke_assets, tmp_path_factory) -> list:
+    return once_per_run(tmp_path_factory, "tool-model-episodes", lambda: _episodes(node_python, smoke_assets))
+
+
+def _episodes(node_python, smoke_assets) -> list:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VERL_", "VLLM_", "PYTHONPATH"))}
     env.update(PYTHONPATH=f"{ROOT}:{ROOT / 'tests' / 'cpu_platform'}", VERL_PLATFORM="cpu",
                VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", TOKENIZERS_PARALLELISM="false",

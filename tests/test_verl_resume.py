@@ -82,7 +82,7 @@ def resumed(sandbox, node_python, smoke_assets, wandb_key, tmp_path_factory):
         f"verl.overrides.trainer.max_actor_ckpt_to_keep={KEEP}",
         f"verl.overrides.trainer.test_freq={STEPS}",  # one validation, at the last step: its W&B row
         # one agent-loop worker, not one per node: a process fewer at each of its two starts
-        # (traces from both nodes are the `trained` job's to show)
+        # (traces from both nodes are the `traced` run's to show)
         "verl.overrides.actor_rollout_ref.rollout.agent.num_workers=1"])
     job.env, job.requeuer, job.sandbox = env, requeuer, sandbox
     assert job.run_dir is not None, job.out + job.err
