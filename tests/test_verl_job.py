@@ -298,7 +298,9 @@ def test_the_v1_trainer_trains_the_ci_smoke_recipe_locally(cli, clean_env, node_
     +testing=cpu-nodes. Only the GPU itself is left unverified."""
     env = {k: v for k, v in _env(clean_env, smoke_assets, tmp_path).items() if k != "CUDA_VISIBLE_DEVICES"}
     proc = cli("submit", "--local", RECIPES / "ci-smoke-1gpu.yaml", f"runtime.python={node_python}",
-               "+testing=cpu-nodes", f"paths.runs={tmp_path / 'runs'}", "--json", env=env, timeout=900)
+               "+testing=cpu-nodes", f"paths.runs={tmp_path / 'runs'}", "--json",
+               # one agent-loop worker, not the recipe's 2: a process fewer (a second is the traced run's)
+               "verl.overrides.actor_rollout_ref.rollout.agent.num_workers=1", env=env, timeout=900)
     rec = json.loads(proc.stdout.strip().splitlines()[-1])
     run = Path(rec["run_dir"])
     log = _plain((run / "logs" / "driver.r0.log").read_text())

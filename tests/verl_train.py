@@ -371,6 +371,9 @@ def kill_engine_mid_training(*, node_python, runs: Path, env: dict, freeze_train
     job = train(node_python=node_python, runs=runs, env=env, timeout=600, during=kill, standin=standin,
                 overrides=["verl.overrides.trainer.total_training_steps=60", "verl.overrides.trainer.save_freq=-1",
                            "wandb.experiment=dead-engine",
+                           # one agent-loop worker: a process fewer to start; the engine killed is
+                           # node2's, whichever node the worker is on
+                           "verl.overrides.actor_rollout_ref.rollout.agent.num_workers=1",
                            *([f"cluster.death_grace={grace}"] if grace is not None else [])])
     return job, kill, (job.submitted_at + job.seconds - kill.killed) if kill.killed else None
 
