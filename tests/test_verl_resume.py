@@ -1,4 +1,4 @@
-"""verl's own resume under the launcher, on the real sandbox: recipes/sandbox-verl.yaml trains 7
+"""verl's own resume under the launcher, on the real sandbox: recipes/sandbox-verl.yaml trains 5
 steps, saving every 2 (verl's checkpoint manager, keeping 1). Requeued once while it trains,
 through the job's own time-limit path (USR1, as Slurm sends it cluster.signal_seconds before
 the limit) once verl has saved step 2: two verl starts. The restart must resume where verl's
@@ -29,7 +29,8 @@ import pytest
 from verl_train import job_env, parse_steps, plain, train
 
 EXPERIMENT = "sandbox-verl-resume"
-STEPS, EVERY, KEEP = 7, 2, 1
+OLDER = 3  # an older complete step for check and submit to name: a copy of the last, made by the test
+STEPS, EVERY, KEEP = 5, 2, 1  # saves 2 (then the requeue), 4 and 5
 
 
 class Requeuer:
@@ -129,13 +130,14 @@ def test_the_job_wrote_the_missing_tracker_for_the_newest_complete_step_and_said
 
 
 def test_check_and_submit_read_the_runs_checkpoints_as_verl_would(resumed, cli, tmp_path):
-    """verl's own checkpoint of step 7 (world size 2), and the same files as step 5 before it."""
+    """verl's own checkpoint of its last step (world size 2), and the same files as an older step
+    (OLDER, a name verl did not save) before it."""
     from test_checkpoints import _cli, _warnings
 
     src = resumed.run_dir.parent.parent / "checkpoints" / EXPERIMENT
     ckpt = tmp_path / "ckpt"
     shutil.copytree(src, ckpt, ignore=shutil.ignore_patterns("huggingface_merged"))
-    shutil.copytree(ckpt / f"global_step_{STEPS}", ckpt / "global_step_5")
+    shutil.copytree(ckpt / f"global_step_{STEPS}", ckpt / f"global_step_{OLDER}")
     tracker = ckpt / "latest_checkpointed_iteration.txt"
     env = resumed.env
     assert _warnings(_cli(cli, env, tmp_path, ckpt, "check")) == []  # as verl left it
@@ -149,18 +151,18 @@ def test_check_and_submit_read_the_runs_checkpoints_as_verl_would(resumed, cli, 
 
     tracker.write_text("9")  # a tracker naming a step not on disk
     refused = _cli(cli, env, tmp_path, ckpt, "submit", "--resume")
-    assert refused.returncode == 2 and "names step 9, but global_step_9 is not there (steps there: global_step_5, " \
+    assert refused.returncode == 2 and f"names step 9, but global_step_9 is not there (steps there: global_step_{OLDER}, " \
         f"{newest})" in refused.stderr, refused.stderr
     refused = _cli(cli, env, tmp_path, ckpt, "submit", "--resume-from", "global_step_9")
-    assert refused.returncode == 2 and f"(steps there: global_step_5, {newest})" in refused.stderr, refused.stderr
+    assert refused.returncode == 2 and f"(steps there: global_step_{OLDER}, {newest})" in refused.stderr, refused.stderr
 
     tracker.write_text(str(STEPS))  # the newest with a rank's shard missing
     (ckpt / newest / "actor" / "optim_world_size_2_rank_1.pt").unlink()
     warned = _warnings(_cli(cli, env, tmp_path, ckpt, "check"))
     assert len(warned) == 1 and f"names step {STEPS}, but {newest} is incomplete (actor/optim_world_size_2_rank_1.pt" \
-        in warned[0] and "the newest complete checkpoint is global_step_5" in warned[0], warned
+        in warned[0] and f"the newest complete checkpoint is global_step_{OLDER}" in warned[0], warned
     way = _cli(cli, env, tmp_path, ckpt, "submit", "--resume-from", "latest-complete", "--dry-run")
-    assert way.returncode == 0 and "will RESUME from step 5" in way.stderr, way.stderr
+    assert way.returncode == 0 and f"will RESUME from step {OLDER}" in way.stderr, way.stderr
     assert not (tmp_path / "runs").exists()
 
 
@@ -173,7 +175,7 @@ def test_verls_checkpoint_limit_holds_across_restarts(resumed):
     assert sorted(p.name for p in ckpt.glob("global_step_*")) == [f"global_step_{STEPS}"]
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
     prune = [(p["restart"], p["detail"]) for p in resumed.phases if p["phase"] == "prune"]
-    assert prune == [(1, f"removed global_step_2 global_step_4 global_step_6; kept the newest 1 up to "
+    assert prune == [(1, f"removed global_step_2 global_step_4; kept the newest 1 up to "
                          f"global_step_{STEPS}")], prune
 
 
