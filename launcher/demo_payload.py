@@ -16,7 +16,12 @@ every ``demo.step_seconds`` (default 1), after ``demo.warmup`` seconds (a slow s
 ``demo.actor_dies=true`` starts an actor on a worker node whose process is then killed, and
 does not ask it anything (a trainer waiting on a dead worker); ``demo.actor_says=TEXT``: it
 prints TEXT first (a line of the driver's log from that node, as a GPU error would be). ``demo.raise_with_env=NAME``
-raises an exception whose message holds that variable's value. ``demo.lingers=true`` leaves a
+raises an exception whose message holds that variable's value. ``demo.actor_fault=KIND`` starts
+an actor on a worker node, waits on its work, and the actor's process dies of KIND: ``segv`` (a
+segfault in native code), ``thread`` (a background thread raises, then the process exits) or
+``sigkill`` (killed from outside, as the kernel's OOM killer does): the driver fails with Ray's
+ActorDiedError, and the cause is in the dead worker's own log (``demo.fault_noise_mb=N``: N MiB
+of random bytes written to that log first). ``demo.lingers=true`` leaves a
 process on every node that ignores SIGTERM and outlives its Ray worker (as a compile worker or
 an engine's child can): the job's teardown must still leave nothing.
 """
@@ -241,6 +246,12 @@ def main(argv: list) -> int:
         here = ray.util.get_node_ip_address()  # the head: the doomed actor goes to a worker node
         there = [n for n in nodes if n["NodeManagerAddress"] != here] or nodes
         _HELD.append(_doomed_actor(there[-1]["NodeID"], overrides.get("demo.actor_says")))  # held: "needed"
+    fault = overrides.get("demo.actor_fault")
+    if fault:  # a trainer waiting on a worker that dies: Ray's ActorDiedError, in the driver
+        ray.init(address=address, logging_level="ERROR")
+        here = ray.util.get_node_ip_address()
+        there = [n for n in nodes if n["NodeManagerAddress"] != here] or nodes
+        _faulty_actor(there[-1]["NodeID"], str(fault), float(overrides.get("demo.fault_noise_mb", 0)))
     time.sleep(float(overrides.get("demo.warmup", 0)))
     steps = int(overrides.get("demo.train_steps", 0))
     if steps:  # a training run's console, in verl's own words (its trainer's line, its logger)
@@ -289,6 +300,59 @@ def _doomed_actor(node_id: str, says=None):
     actor.die.remote(says)
     print(f"the actor on {ip} (pid {pid}) was killed (demo.actor_dies)", flush=True)
     return actor
+
+
+FAULTS = ("segv", "thread", "sigkill")
+
+
+def _faulty_actor(node_id: str, kind: str, noise_mb: float = 0) -> None:
+    """An actor on node NODE_ID whose process dies of KIND while the driver waits on its work
+    (ray.get raises Ray's ActorDiedError here)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if kind not in FAULTS:
+        raise ValueError(f"demo.actor_fault: {kind!r} is none of {', '.join(FAULTS)}")
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class RolloutShard:
+        def where(self):
+            return ray.util.get_node_ip_address(), os.getpid()
+
+        def work(self, kind, noise_mb=0):
+            time.sleep(2)  # the driver is waiting
+            if noise_mb:  # a log of binary garbage before the end (the job keeps a bounded tail)
+                junk = os.urandom(1 << 20)
+                for _ in range(int(noise_mb)):
+                    sys.stderr.buffer.write(junk)
+                sys.stderr.flush()
+            if kind == "segv":
+                import ctypes
+                ctypes.string_at(0)  # a read of address 0, as a broken extension does
+            elif kind == "thread":
+                import threading
+
+                def load():
+                    raise RuntimeError("the loader thread failed: shard 3 is corrupt (demo.actor_fault)")
+
+                loader = threading.Thread(target=load, name="loader")
+                loader.start()
+                loader.join()
+                sys.stderr.flush()
+                os._exit(3)  # the process gives up without its loader
+            return "done"
+
+    actor = RolloutShard.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    ip, pid = ray.get(actor.where.remote())
+    print(f"waiting on RolloutShard on {ip} (pid {pid}), which dies of {kind} (demo.actor_fault)", flush=True)
+    if kind == "sigkill":
+        @ray.remote(num_cpus=0)
+        def kill(pid):
+            time.sleep(2)
+            os.kill(pid, 9)  # from another process, as the OOM killer does: no last words
+
+        kill.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(pid)
+    ray.get(actor.work.remote(kind, noise_mb))
 
 
 if __name__ == "__main__":

@@ -83,8 +83,9 @@ def test_container_steps_run_in_the_image_and_the_nodes_step_on_the_host():
     commands = [c for c in script.replace("\\\n", " ").splitlines() if "srun --overlap" in c]
     in_image = [c for c in commands if '"${CONTAINER[@]}"' in c]
     on_host = [c for c in commands if c not in in_image]
-    # teardown (W&B finish, temp dirs), resume check, allocation check, reach check, head, workers, readiness, driver, watchdog
-    assert len(in_image) == 10, commands
+    # teardown (W&B finish, temp dirs), last words, resume check, allocation check, reach check, head, workers,
+    # readiness, driver, watchdog
+    assert len(in_image) == 11, commands
     # the address probe needs the host's `ip`; the image check looks for the squashfs before any step mounts it
     assert len(on_host) == 2 and "node_ip" in on_host[1] and "image-check" in on_host[0], on_host
     plain = render(load(RECIPES / "gsm8k-grpo.yaml").plan)
@@ -105,7 +106,7 @@ def test_rendered_script_passes_bash_n_and_shellcheck(recipe, tmp_path):
 
 def test_every_template_value_goes_through_the_quoting_filter():
     # Code inserted as code, by design: the recipe's trusted setup lines and the readiness poller.
-    code = {"line", "wait_ready_py", "reach_wandb_py", "check_node_py", "watch_ray_py", "checkpoints_py", "wandb_service_py",
+    code = {"line", "wait_ready_py", "reach_wandb_py", "check_node_py", "watch_ray_py", "last_words_py", "checkpoints_py", "wandb_service_py",
             "trace_flush_py"}
     # The launcher's own file names (paths.py checks them: safe characters, $RESTART to expand).
     name = re.compile(r'paths\.(in_job|glob)\(paths\.[A-Z_]+(, node="(\$1|%N|%w)")?\)')
@@ -243,6 +244,41 @@ def test_why_the_driver_failed_is_its_own_last_error_with_pydantics_detail(case,
                           str(tmp_path / "driver.log")], capture_output=True, text=True,
                          env={"LOG_DIR": str(tmp_path), "PATH": os.environ["PATH"]})
     assert got.stdout == want, got.stderr
+
+
+# Ray's own lines about deaths, as they reach the driver's log, and the node each must blame
+# (issue 65: the raylet's prefix on a worker's death named a healthy node2).
+WORKER_DIED = ("\x1b[36m(raylet, ip=10.0.0.2)\x1b[0m A worker died or was killed while executing a task by an "
+               "unexpected system error. To troubleshoot the problem, check the logs for the dead worker. RayTask "
+               "ID: ffff Worker ID: 4d1c Node ID: 9a8b Worker IP address: 10.0.0.2 Worker port: 10010 Worker PID: "
+               "2942 Worker exit type: SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection "
+               "error code 2. End of file.")
+DEATH_LINES = {
+    "a worker's death, by the raylet": (WORKER_DIED, ""),
+    "an actor's death, in the driver's traceback": ("ray.exceptions.ActorDiedError: The actor died unexpectedly "
+                                                   "before finishing this task.\n\tclass_name: RolloutShard\n"
+                                                   "\tip: 10.0.0.2\nThe actor is dead because its worker process "
+                                                   "has died. Worker exit type: SYSTEM_ERROR", ""),
+    "a node marked dead": ("(autoscaler +2m) The node with node id: 9a8b and address: 10.0.0.2 and node name: "
+                           "10.0.0.2 has been marked dead because the detector has missed too many heartbeats "
+                           "from it.", "node2\n"),
+    "a node's raylet died": ("(raylet, ip=10.0.0.1) ray.exceptions.NodeDiedError: the raylet at 10.0.0.2 died",
+                             "node2\n"),
+}
+
+
+@pytest.mark.parametrize("case", DEATH_LINES)
+def test_only_a_nodes_own_death_in_the_driver_log_blames_it(case, tmp_path):
+    """The rendered script's node_in_driver_log: a node is blamed from the driver's log only where
+    Ray says that node died, never for a worker's or an actor's death on it (the node was healthy)."""
+    log, want = DEATH_LINES[case]
+    (tmp_path / "driver.log").write_text(f"step:1 - loss:0.5\n{log}\nTraceback (most recent call last):\n")
+    (tmp_path / RunPaths.NODES).write_text("node1 10.0.0.1\nnode2 10.0.0.2\n")
+    script = render(load(RECIPES / "sandbox-demo.yaml").plan)
+    fn = re.search(r"^node_in_driver_log\(\) \{.*?^\}\n", script, re.M | re.S).group(0)
+    got = subprocess.run(["bash", "-c", f'{fn}\nnode_in_driver_log "$1"', "x", str(tmp_path / "driver.log")],
+                         capture_output=True, text=True, env={"LOG_DIR": str(tmp_path), "PATH": os.environ["PATH"]})
+    assert (got.stdout, got.stderr) == (want, ""), case
 
 
 def test_the_job_turns_rays_token_authentication_on_and_off_only_with_a_reason(cli, clean_env):

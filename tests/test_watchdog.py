@@ -86,7 +86,7 @@ def test_a_run_with_no_new_step_for_stall_timeout_ends_and_a_slow_start_does_not
 
 def test_an_actor_the_driver_holds_dying_ends_the_job_naming_it(cli, sandbox, clean_env, tmp_path):
     info, env = _submit(cli, sandbox, clean_env, tmp_path, "+verl.overrides.demo.actor_dies=true",
-                        "verl.overrides.demo.hold=600", "cluster.requeue=true", "cluster.death_grace=3")
+                        "verl.overrides.demo.hold=600", "cluster.death_grace=3")
     state, out = _ended(sandbox, info)
     assert state == "FAILED", out[-3000:]
     err = [p for p in _phases(info) if p["phase"] == "driver-error"]
@@ -100,7 +100,11 @@ def test_an_actor_the_driver_holds_dying_ends_the_job_naming_it(cli, sandbox, cl
     assert err[0]["time"] - killed_at < 90
     assert job_processes(info["job_id"]) == []
     names = [p["phase"] for p in _phases(info)]
-    assert "bad-node" not in names and "requeue" not in names  # no node evidence: not requeued
+    assert "bad-node" not in names  # no node evidence
+    # the cause, first of all deaths, in the words its log kept: none, for a SIGKILL (issue 65)
+    first = [p["detail"] for p in _phases(info) if p["phase"] == "first-death"]
+    assert len(first) == 1 and first[0].startswith("Ray actor Doomed on node2 (pid ") and \
+        "died first: no last words in its log: killed from outside, as by SIGKILL" in first[0], first
 
 
 def test_a_death_with_gpu_hardware_words_blames_the_node_and_requeues_without_it(cli, sandbox, clean_env, tmp_path):

@@ -42,6 +42,11 @@ class RunPaths:
     VERDICT = "verdict.r{restart}.txt"  # the watchdog's "PHASE<TAB>NODE<TAB>WHY" that ends the driver
     ENGINE_DIED = "engine-died.r{restart}.txt"  # the watchdog's "NODE<TAB>vLLM's line": an engine died
     LOST_NODES = "lost-nodes.r{restart}.txt"  # the watchdog's nodes Ray lost while the driver ran
+    # Ray's workers that died unintended before the driver ended, a JSON line each, first first
+    # (templates/last_words.py gather, at the teardown while Ray is still up), and a folder of
+    # each node's kept logs of them (NODE/worker-...-PID.err, the tails), read to name the cause.
+    DEATHS = "ray-deaths.r{restart}.jsonl"
+    LAST_WORDS = "last-words.r{restart}"
     WANDB_EXIT = "wandb-exit.r{restart}.txt"  # the job's exit code, for each node's W&B service (templates/wandb_service.py)
     WANDB_LOG = "wandb-service.r{restart}.log"  # what each node's W&B service says (templates/wandb_service.py)
     # The allocation check's token, written in the run dir (and the checkpoint dir) and read on
@@ -56,13 +61,14 @@ class RunPaths:
     # in this folder of the run directory, put on their PYTHONPATH.
     PYTHON_DIR = ".python"
     PER_RESTART = (HEAD_LOG, WORKER_LOG, WORKERS_SRUN, DRIVER_LOG, RAY_STATE, VERDICT, ENGINE_DIED,
-                   LOST_NODES, CHECK_TOKEN, WANDB_EXIT, WANDB_LOG, RAY_TOKEN, TRACE_FLUSH, STEPS)
+                   LOST_NODES, CHECK_TOKEN, WANDB_EXIT, WANDB_LOG, RAY_TOKEN, TRACE_FLUSH, STEPS, DEATHS, LAST_WORDS)
     RUN_DIR_FILES = (STDOUT, CHECK_TOKEN, RAY_TOKEN)  # in the run directory itself, not under LOGS
     # What the job script calls each field (templates/job/prologue.sh.j2 sets them).
     JOB_FIELDS = (("restart", "$RESTART"), ("job", "$JOB_ID"))
     # Phases whose detail says why a run stopped early: the script's own errors, the driver's
-    # last exception, the watchdog's verdict.
-    STOP_PHASES = ("error", "driver-error", "hang", "ray-lost")
+    # last exception, the watchdog's verdict, the first of Ray's processes to die (written last,
+    # at the teardown: the cause, where the others are its cascade).
+    STOP_PHASES = ("error", "driver-error", "hang", "ray-lost", "first-death")
 
     def create(self, script: str, recipe_yaml: str) -> None:
         """The run directory (0700), with the script and the resolved recipe (0600)."""

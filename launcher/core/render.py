@@ -21,6 +21,9 @@ from ..checks.secrets import SECRET_NAME
 
 TEMPLATE = "sbatch.sh.j2"
 SWEEP_TEMPLATE = "sweep.sbatch.j2"
+# What a failed run keeps of each dead Ray worker's logs (templates/last_words.py): the last
+# 64 KiB of each file, of at most 8 workers a node (a few hundred KiB a node at most).
+LAST_WORDS_BYTES, LAST_WORDS_FILES = 65536, 8
 
 
 def q(value) -> str:
@@ -66,7 +69,8 @@ def render(p: Plan) -> str:
         check_node_py=_embedded("check_node.py"), keep_checkpoints=p.keep_checkpoints,
         node_check_ckpt=p.checkpoint_dir or "", secret_name_re=SECRET_NAME.pattern,
         pending_timeout=rs.pending_timeout, stall_timeout=p.stall_timeout, death_grace=rs.death_grace,
-        watch_ray_py=_embedded("watch_ray.py"),
+        watch_ray_py=_embedded("watch_ray.py"), last_words_py=_embedded("last_words.py"),
+        last_words_bytes=LAST_WORDS_BYTES, last_words_files=LAST_WORDS_FILES,
         resume_check=_resume_check(p), checkpoints_py=_embedded("checkpoints.py", Path(__file__).parent.parent / "base"),
         wandb_service=p.wandb_service, wandb_finish_timeout=p.recipe.wandb.finish_timeout,
         wandb_service_py=_embedded("wandb_service.py"),

@@ -1,0 +1,89 @@
+"""Why a run died (issue 65), on the real sandbox with the demo driver: an actor on node2 that
+the driver waits on dies (demo.actor_fault) of a segfault in native code, of its loader thread's
+exception (the process then exits), or of a SIGKILL from another process (as the kernel's OOM
+killer sends it). The driver fails with Ray's ActorDiedError, which says none of that. The job
+must name the first process that died (class, node, pid) in the words its own log ends with,
+keep that log in the run dir (bounded) after the teardown removed Ray's temp dirs, and blame no
+node: node2 was healthy. With cluster.requeue, a crash requeues the run on every node."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RECIPES, submit_json
+from sandbox_procs import job_processes
+
+FAULTS = {
+    "segv": r"SIGSEGV \(Fatal Python error: Segmentation fault\) in work \(demo_payload\.py:\d+\)",
+    "thread": re.escape("RuntimeError: the loader thread failed: shard 3 is corrupt (demo.actor_fault) "
+                        "(in thread loader)"),
+    "sigkill": r"no last words in its log: killed from outside, as by SIGKILL",
+}
+KEPT_MAX = 65536  # bytes of each kept log (launcher/core/render.py LAST_WORDS_BYTES)
+
+
+def _submit(cli, sandbox, clean_env, tmp_path, *overrides) -> tuple:
+    env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
+    info = submit_json(cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
+                           f"paths.runs={tmp_path / 'runs'}", *overrides, "--json", env=env))
+    return info, env
+
+
+def _phases(info) -> list:
+    p = Path(info["run_dir"], "phases.jsonl")
+    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
+
+
+@pytest.mark.parametrize("kind", FAULTS)
+def test_a_crash_is_named_in_the_dead_processs_words_its_log_kept_and_no_node_blamed(cli, sandbox, clean_env,
+                                                                                      tmp_path, kind):
+    noise = ["+verl.overrides.demo.fault_noise_mb=3"] if kind == "segv" else []  # binary garbage first
+    info, env = _submit(cli, sandbox, clean_env, tmp_path, f"+verl.overrides.demo.actor_fault={kind}", *noise)
+    state = sandbox.wait(info["job_id"], timeout=180)
+    out = Path(info["stdout"]).read_text()
+    assert state == "FAILED", out[-3000:]
+    assert "ActorDiedError" in Path(info["run_dir"], "logs", "driver.r0.log").read_text()  # all the driver knew
+    first = [p for p in _phases(info) if p["phase"] == "first-death"]
+    assert len(first) == 1, out[-3000:]
+    said = first[0]["detail"]
+    print(f"\n{kind}: first-death: {said}")
+    assert re.match(rf"Ray actor RolloutShard on node2 \(pid \d+\) died first: {FAULTS[kind]}", said), said
+    names = [p["phase"] for p in _phases(info)]
+    assert "bad-node" not in names and "requeue" not in names, names  # node2 was healthy; no cluster.requeue
+    st = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
+    assert st["stopped"] == f"first-death: {said}" and st["bad_nodes"] == [], st
+    kept = sorted(Path(info["run_dir"], "logs", "last-words.r0", "node2").glob("*"))
+    sizes = {f.name: f.stat().st_size for f in kept}
+    print(f"kept on node2: {sizes}")
+    assert kept and all(n <= KEPT_MAX for n in sizes.values()), sizes
+    if kind != "sigkill":
+        log = re.search(r"; its log: (\S+)", said).group(1)
+        assert Path(info["run_dir"], log).is_file() and re.search(r"-\d+\.err$", log), said
+    assert not Path(info["run_dir"], "logs", "last-words.r0", "node1").exists()  # nothing died there
+    assert job_processes(info["job_id"]) == []
+
+
+def test_with_requeue_a_crash_requeues_the_run_on_every_node(cli, sandbox, clean_env, tmp_path):
+    info, env = _submit(cli, sandbox, clean_env, tmp_path, "+verl.overrides.demo.actor_fault=thread",
+                        "cluster.requeue=true", "cluster.max_restarts=1")
+    job = info["job_id"]
+    try:
+        deadline = time.monotonic() + 240
+        while not any(p["phase"] == "first-death" and p.get("restart") == 1 for p in _phases(info)) \
+                and time.monotonic() < deadline:
+            sandbox.release_requeued(job)
+            time.sleep(1)
+        names = [(p["phase"], p.get("restart", 0)) for p in _phases(info)]
+        assert ("first-death", 0) in names and ("requeue", 0) in names, names
+        assert ("first-death", 1) in names and ("requeue", 1) not in names, names  # cluster.max_restarts=1
+        assert not any(n == "exclude" or n == "bad-node" for n, _ in names), names
+        assert sandbox.job_field(job, "ExcNodeList") in ("(null)", "")
+    finally:
+        sandbox.run("scancel", job)
+        sandbox.wait(job)
