@@ -340,6 +340,8 @@ def _faulty_actor(node_id: str, kind: str, noise_mb: float = 0) -> None:
                 loader.join()
                 sys.stderr.flush()
                 os._exit(3)  # the process gives up without its loader
+            elif kind == "sigkill":
+                time.sleep(120)  # busy until killed from outside
             return "done"
 
     actor = RolloutShard.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()

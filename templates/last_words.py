@@ -76,7 +76,7 @@ def words(text: str) -> str:
         m = SIGNAL.search(ln)
         if m:
             sig = m.group(1) or SIGNALS[m.group(2)]
-            fatal = next((x.strip() for x in lines[i:i + 5] if x.startswith("Fatal Python error: ")), None)
+            fatal = next((x.strip() for x in lines[i:i + 20] if x.startswith("Fatal Python error: ")), None)
             # faulthandler's stack, most recent call first: the first frame of the process's own
             # code (not Python's library), where it called into what crashed
             frames = [f for f in (FRAME.match(x) for x in lines[i:i + 60]) if f]
