@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
+from test_watchdog import _phases, _submit
 
 FAULTS = {
     "segv": r"SIGSEGV \(Fatal Python error: Segmentation fault\) in work \(demo_payload\.py:\d+\)",
@@ -26,18 +25,6 @@ FAULTS = {
     "sigkill": r"no last words in its log: killed from outside, as by SIGKILL",
 }
 KEPT_MAX = 65536  # bytes of each kept log (launcher/core/render.py LAST_WORDS_BYTES)
-
-
-def _submit(cli, sandbox, clean_env, tmp_path, *overrides) -> tuple:
-    env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
-    info = submit_json(cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
-                           f"paths.runs={tmp_path / 'runs'}", *overrides, "--json", env=env))
-    return info, env
-
-
-def _phases(info) -> list:
-    p = Path(info["run_dir"], "phases.jsonl")
-    return [json.loads(x) for x in p.read_text().splitlines()] if p.exists() else []
 
 
 @pytest.mark.parametrize("kind", FAULTS)
