@@ -1,9 +1,11 @@
 # Why a run's Ray processes died, kept past the teardown (issue 65). Rendered verbatim into the
 # job script; two modes:
-# - gather GCS DEATHS NODES_FILE ENDED: before Ray stops, on the head, with runtime.python: the
-#   workers Ray's own tables say died unintended (a signal, an exception, an OOM kill) before
-#   the driver ended (ENDED, epoch s; 0: any time), a JSON line each in DEATHS, first death
-#   first: node, pid, worker id, the actor's class (else "task"), Ray's exit type and words.
+# - gather GCS DEATHS NODES_FILE ENDED [ENGINE_FILE]: before Ray stops, on the head, with
+#   runtime.python: the workers Ray's own tables say died unintended (a signal, an exception, an
+#   OOM kill) before the driver ended (ENDED, epoch s; 0: any time), a JSON line each in DEATHS,
+#   first death first: node, pid, worker id, the actor's class (else "task"), Ray's exit type
+#   and words. A vLLM engine that died (ENGINE_FILE, "NODE<TAB>LINE", the watchdog's) is no Ray
+#   worker: its server actor on NODE is added last ("ENGINE_DIED"), for its log's sake only.
 #   Each node then keeps those workers' own logs (the teardown's keep_last_words).
 # - name DEATHS KEPT RUN_DIR: after that, any python: "EXIT_TYPE<TAB>LINE", the line naming the
 #   first death with the words its kept log holds (KEPT/NODE/: a signal, an exception, known
@@ -20,7 +22,7 @@ from pathlib import Path
 UNINTENDED = ("SYSTEM_ERROR", "USER_ERROR", "NODE_OUT_OF_MEMORY")
 
 
-def gather(gcs, deaths_file, nodes_file, ended):
+def gather(gcs, deaths_file, nodes_file, ended, engine_file=None):
     from ray._raylet import GcsClientOptions, GlobalStateAccessor
     from ray.core.generated import common_pb2, gcs_pb2
 
@@ -33,10 +35,12 @@ def gather(gcs, deaths_file, nodes_file, ended):
                                                            fetch_cluster_id_if_nil=False))
     if not accessor.connect():
         return
-    actors = {}  # worker id -> the actor's class
+    actors, servers = {}, []  # worker id -> the actor's class; vLLM's servers (node, pid, worker id)
     for raw in accessor.get_actor_table(None, None):
         a = gcs_pb2.ActorTableData.FromString(raw)
         actors[a.address.worker_id.hex()] = a.class_name.rsplit(".", 1)[-1]
+        if actors[a.address.worker_id.hex()] == "vLLMHttpServer" and a.pid:
+            servers.append((hosts.get(a.address.ip_address, a.address.ip_address), a.pid, a.address.worker_id.hex()))
     rows = []
     for raw in accessor.get_worker_table():
         w = gcs_pb2.WorkerTableData.FromString(raw)
@@ -48,8 +52,14 @@ def gather(gcs, deaths_file, nodes_file, ended):
         ip = w.worker_address.ip_address
         rows.append({"node": hosts.get(ip, ip), "pid": w.pid, "worker_id": wid, "what": actors.get(wid, "task"),
                      "exit_type": kind, "detail": " ".join(w.exit_detail.split())[:600], "end": round(end, 3)})
+    rows.sort(key=lambda r: r["end"])
+    engine = Path(engine_file).read_text().split("\t", 1) if engine_file and Path(engine_file).is_file() else []
+    if len(engine) == 2:
+        rows += [{"node": node, "pid": pid, "worker_id": wid, "what": "vLLMHttpServer", "exit_type": "ENGINE_DIED",
+                  "detail": " ".join(engine[1].split())[:600], "end": round(time.time(), 3)}
+                 for node, pid, wid in servers if node == engine[0]]
     with open(deaths_file, "w") as f:
-        for r in sorted(rows, key=lambda r: r["end"]):
+        for r in rows:
             f.write(json.dumps(r) + "\n")
 
 
@@ -103,6 +113,7 @@ def name(deaths_file, kept_dir, run_dir):
         rows = [json.loads(x) for x in Path(deaths_file).read_text().splitlines() if x.strip()]
     except (OSError, ValueError):
         return
+    rows = [r for r in rows if r["exit_type"] != "ENGINE_DIED"]  # (named by the driver's phase already)
     if not rows:
         return
     first, rest = rows[0], rows[1:]
@@ -132,7 +143,7 @@ def name(deaths_file, kept_dir, run_dir):
 if __name__ == "__main__":
     try:
         if sys.argv[1] == "gather":
-            gather(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5] or 0))
+            gather(sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5] or 0), *sys.argv[6:7])
         elif sys.argv[1] == "name":
             name(sys.argv[2], sys.argv[3], sys.argv[4])
     except Exception as e:  # noqa: BLE001 - words added to a failure must never fail the teardown

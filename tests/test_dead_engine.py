@@ -52,6 +52,10 @@ def _check(job, kill, seconds, env, cli):
     assert not any(p["phase"] == "bad-node" for p in job.phases)  # no hardware words: not the node's fault
     assert [p["phase"] for p in job.phases][-1] == "teardown"
     assert job_processes(job.job_id) == []  # on any node: found by the job id in their environment
+    # the engine's server's own log (vLLM's words) kept from node2 past the teardown (issue 65)
+    kept = list((job.run_dir / "logs" / "last-words.r0" / "node2").glob("worker-*.err"))
+    print(f"kept of node2's vLLMHttpServer: {[(f.name, f.stat().st_size) for f in kept]}")
+    assert kept and all(0 < f.stat().st_size <= 65536 for f in kept), kept
     st = json.loads(cli("status", job.job_id, "--json", env=env).stdout)
     assert st["state"] == "FAILED" and st["stopped"].startswith("driver-error: vLLM EngineCore on node2 died")
     assert (st["progress"] or "").startswith("training step ")  # the last step known, after the end

@@ -84,3 +84,12 @@ def test_a_log_of_binary_garbage_still_gives_its_last_words(tmp_path):
     garbage = bytes(range(256)) * 200 + b"\n" + THREAD.encode()
     _, line = _name(tmp_path, [_death()], {"node2/worker-w-01000000-2942.err": garbage})
     assert "RuntimeError: the loader thread failed: shard 3 is corrupt (in thread loader)" in line, line
+
+
+def test_a_dead_engines_server_is_kept_for_its_log_but_not_named_a_death(tmp_path):
+    """vLLM's engine is no Ray worker: gather adds its server actor for its log's sake only; the
+    driver's phase names the engine already."""
+    server = dict(_death(what="vLLMHttpServer", kind="ENGINE_DIED", end=5.0), detail="EngineCore died")
+    assert _name(tmp_path, [server], {"node2/worker-w-01000000-2942.err": SEGV}) == (None, None)
+    kind, line = _name(tmp_path, [_death(pid=7, what="task"), server], {})
+    assert kind == "SYSTEM_ERROR" and "then" not in line, line
