@@ -27,25 +27,17 @@ FAULTS = {
 KEPT_MAX = 65536  # bytes of each kept log (launcher/core/render.py LAST_WORDS_BYTES)
 
 
-@pytest.mark.parametrize("kind", FAULTS)
-def test_a_crash_is_named_in_the_dead_processs_words_its_log_kept_and_no_node_blamed(cli, sandbox, clean_env,
-                                                                                      tmp_path, kind):
-    noise = ["+verl.overrides.demo.fault_noise_mb=3"] if kind == "segv" else []  # binary garbage first
-    info, env = _submit(cli, sandbox, clean_env, tmp_path, f"+verl.overrides.demo.actor_fault={kind}", *noise)
-    state = sandbox.wait(info["job_id"], timeout=180)
-    out = Path(info["stdout"]).read_text()
-    assert state == "FAILED", out[-3000:]
-    assert "ActorDiedError" in Path(info["run_dir"], "logs", "driver.r0.log").read_text()  # all the driver knew
-    first = [p for p in _phases(info) if p["phase"] == "first-death"]
-    assert len(first) == 1, out[-3000:]
+def _first_death(info, kind: str, restart: int = 0) -> str:
+    """The run's first-death phase names RolloutShard on node2 in KIND's words; its logs kept,
+    bounded; no node blamed. Its detail."""
+    first = [p for p in _phases(info) if p["phase"] == "first-death" and p.get("restart", 0) == restart]
+    assert len(first) == 1, Path(info["stdout"]).read_text()[-3000:]
     said = first[0]["detail"]
     print(f"\n{kind}: first-death: {said}")
     assert re.match(rf"Ray actor RolloutShard on node2 \(pid \d+\) died first: {FAULTS[kind]}", said), said
-    names = [p["phase"] for p in _phases(info)]
-    assert "bad-node" not in names and "requeue" not in names, names  # node2 was healthy; no cluster.requeue
-    st = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
-    assert st["stopped"] == f"first-death: {said}" and st["bad_nodes"] == [], st
-    kept = sorted(Path(info["run_dir"], "logs", "last-words.r0", "node2").glob("*"))
+    assert "ActorDiedError" in Path(info["run_dir"], "logs", f"driver.r{restart}.log").read_text()  # all the driver knew
+    assert not any(p["phase"] in ("bad-node", "exclude") for p in _phases(info))  # node2 was healthy
+    kept = sorted(Path(info["run_dir"], "logs", f"last-words.r{restart}", "node2").glob("*"))
     sizes = {f.name: f.stat().st_size for f in kept}
     print(f"kept on node2: {sizes}")
     assert kept and all(n <= KEPT_MAX for n in sizes.values()), sizes  # 3 MiB of garbage in the segv's
@@ -53,11 +45,27 @@ def test_a_crash_is_named_in_the_dead_processs_words_its_log_kept_and_no_node_bl
     if kind != "sigkill":
         log = re.search(r"; its log: (\S+)", said).group(1)
         assert Path(info["run_dir"], log).is_file() and re.search(r"-\d+\.err$", log), said
-    assert not Path(info["run_dir"], "logs", "last-words.r0", "node1").exists()  # nothing died there
+    assert not Path(info["run_dir"], "logs", f"last-words.r{restart}", "node1").exists()  # nothing died there
+    return said
+
+
+@pytest.mark.parametrize("kind", ["segv", "sigkill"])  # a thread's exception: the requeue test's
+def test_a_crash_is_named_in_the_dead_processs_words_its_log_kept_and_no_node_blamed(cli, sandbox, clean_env,
+                                                                                      tmp_path, kind):
+    noise = ["+verl.overrides.demo.fault_noise_mb=3"] if kind == "segv" else []  # binary garbage first
+    info, env = _submit(cli, sandbox, clean_env, tmp_path, f"+verl.overrides.demo.actor_fault={kind}", *noise)
+    state = sandbox.wait(info["job_id"], timeout=180)
+    assert state == "FAILED", Path(info["stdout"]).read_text()[-3000:]
+    said = _first_death(info, kind)
+    assert "requeue" not in [p["phase"] for p in _phases(info)]  # no cluster.requeue
+    st = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
+    assert st["stopped"] == f"first-death: {said}" and st["bad_nodes"] == [], st
     assert job_processes(info["job_id"]) == []
 
 
 def test_with_requeue_a_crash_requeues_the_run_on_every_node(cli, sandbox, clean_env, tmp_path):
+    """A loader thread's exception, then the process exits: named in each run, requeued once
+    (cluster.max_restarts=1) with no node excluded."""
     info, env = _submit(cli, sandbox, clean_env, tmp_path, "+verl.overrides.demo.actor_fault=thread",
                         "cluster.requeue=true", "cluster.max_restarts=1")
     job = info["job_id"]
@@ -70,7 +78,8 @@ def test_with_requeue_a_crash_requeues_the_run_on_every_node(cli, sandbox, clean
         names = [(p["phase"], p.get("restart", 0)) for p in _phases(info)]
         assert ("first-death", 0) in names and ("requeue", 0) in names, names
         assert ("first-death", 1) in names and ("requeue", 1) not in names, names  # cluster.max_restarts=1
-        assert not any(n == "exclude" or n == "bad-node" for n, _ in names), names
+        for restart in (0, 1):
+            _first_death(info, "thread", restart)
         assert sandbox.job_field(job, "ExcNodeList") in ("(null)", "")
     finally:
         sandbox.run("scancel", job)
