@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import launcher
 from sandbox_procs import job_processes
 from test_watchdog import _phases, _submit
 
@@ -51,7 +52,7 @@ def _first_death(info, kind: str, restart: int = 0) -> str:
 
 @pytest.mark.parametrize("kind", ["segv", "sigkill"])  # a thread's exception: the requeue test's
 def test_a_crash_is_named_in_the_dead_processs_words_its_log_kept_and_no_node_blamed(cli, sandbox, clean_env,
-                                                                                      tmp_path, kind):
+                                                                                      tmp_path, kind, monkeypatch):
     noise = ["+verl.overrides.demo.fault_noise_mb=3"] if kind == "segv" else []  # binary garbage first
     info, env = _submit(cli, sandbox, clean_env, tmp_path, f"+verl.overrides.demo.actor_fault={kind}", *noise)
     state = sandbox.wait(info["job_id"], timeout=180)
@@ -60,6 +61,9 @@ def test_a_crash_is_named_in_the_dead_processs_words_its_log_kept_and_no_node_bl
     assert "requeue" not in [p["phase"] for p in _phases(info)]  # no cluster.requeue
     st = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
     assert st["stopped"] == f"first-death: {said}" and st["bad_nodes"] == [], st
+    for name in ("SLURM_CONF", "VERL_LAUNCH_STATE"):  # the API, the one door, says the same
+        monkeypatch.setenv(name, env[name])
+    assert launcher.run(info["job_id"]).status(traces=False)["stopped"] == f"first-death: {said}"
     assert job_processes(info["job_id"]) == []
 
 
