@@ -23,6 +23,13 @@ UNINTENDED = ("SYSTEM_ERROR", "USER_ERROR", "NODE_OUT_OF_MEMORY")
 
 
 def gather(gcs, deaths_file, nodes_file, ended, engine_file=None):
+    import socket
+
+    host, port = gcs.rsplit(":", 1)
+    try:  # a GCS that is gone would have Ray's client retry for a minute: ask only one that answers
+        socket.create_connection((host, int(port)), timeout=2).close()
+    except OSError:
+        return
     from ray._raylet import GcsClientOptions, GlobalStateAccessor
     from ray.core.generated import common_pb2, gcs_pb2
 
