@@ -13,7 +13,6 @@
 #   none died.
 # Exits 0 whatever happens: it only adds words to a failure.
 import json
-import os
 import re
 import sys
 import time
@@ -36,8 +35,9 @@ def gather(gcs, deaths_file, nodes_file, ended, engine_file=None):
     hosts = {}
     with open(nodes_file) as f:
         for line in f:
-            if len(line.split()) >= 2:
-                hosts[line.split()[1]] = line.split()[0]
+            host, _, ip = line.partition(" ")
+            if ip.strip():
+                hosts[ip.split()[0]] = host
     accessor = GlobalStateAccessor(GcsClientOptions.create(gcs, None, allow_cluster_id_nil=True,
                                                            fetch_cluster_id_if_nil=False))
     if not accessor.connect():
