@@ -55,14 +55,18 @@ system-deps:
 # run, against Slurm's job-completion log, the fallback without slurmdbd). Each run goes on after
 # another fails, so that one report names every failure. docs/testing.md: the tiers, which
 # training job serves which tests.
+# The smoke assets (the tool model is taught on the CPU, about 170 s) are built beside the quick
+# tier (tests/smoke_cache.py): in the verl tier a worker sat idle while the other built them.
 # The two environments install side by side, through uv (tests/tools/pip_install.py): 123 s on a
 # fresh 2-core machine, pip 212 s.
 test: system-deps
 	@$(MAKE) --no-print-directory -j2 install node-env
 	rc=0; \
+	$(PY) tests/smoke_cache.py >/dev/null & early=$$!; \
 	PYTHONPATH=$(abspath tests/no_verl) $(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=5 \
 	  -m "not sandbox and not train and not verl" || rc=1; \
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=15 -m "(verl or train) and not sandbox" || rc=1; \
+	wait $$early; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "(sandbox and not accounting) or jobcomp" || rc=1; \
 	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting || rc=1; \
 	exit $$rc

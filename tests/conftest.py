@@ -18,6 +18,12 @@ from sandbox_procs import RequeueHold
 
 ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
+# For every process the tests start (clean_env copies this environment): OpenMP's idle threads
+# sleep rather than spin. Two xdist workers' torch processes on 2 cores spun against each other
+# (two 40-step tool-model builds side by side: 94 s, 15 s each alone); the verl tier took 645 s
+# with it, 734 s without. What is computed is unchanged. The training jobs' processes run one
+# OpenMP thread each (recipes/testing/cpu-nodes.yaml).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 SANDBOX_UP = ROOT / "tests" / "cluster" / "sandbox-up.sh"
 
 
@@ -142,39 +148,12 @@ def clean_env(wandb_key, tmp_path, preflight_cache_home):
 @pytest.fixture(scope="session")
 def smoke_assets() -> Path:
     """The smoke run's assets (tiny Qwen2, tokenizer, arithmetic parquet, the tool model), built
-    once for all test sessions of this code: the tool model is taught on the CPU (about a minute,
-    several under load), and `make test` runs three sessions, the first on two workers. Kept by
-    the hash of the code that builds them (and torch's version), under a lock; read-only to tests.
-    The versions of what else shapes their bytes (transformers, tokenizers, pyarrow, verl) are
-    written in the folder's `built` marker and compared at each reuse: other versions build them
-    again. (Not in the key itself, so that assets already built here were not all built again;
-    a marker from before the versions were recorded is taken as this environment's.)
-    test_smoke_assets builds them again to compare the bytes."""
-    import fcntl
-    import hashlib
-    import shutil
-    import tempfile
-    from importlib.metadata import version
+    once for all test sessions of this code (tests/smoke_cache.py; `make test` starts the build
+    ahead, beside the quick tier); read-only to tests. test_smoke_assets builds them again to
+    compare the bytes."""
+    import smoke_cache
 
-    code = b"".join((ROOT / "launcher" / f).read_bytes() for f in ("smoke_assets.py", "tool_assets.py", "smoke_reward.py"))
-    key = hashlib.sha256(code + sys.version.encode() + version("torch").encode()).hexdigest()[:16]
-    root = Path(tempfile.gettempdir()) / "verl-launch-smoke-assets"
-    root.mkdir(exist_ok=True)
-    out = root / key
-    versions = json.dumps({p: version(p) for p in ("transformers", "tokenizers", "pyarrow", "verl")}, sort_keys=True)
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another worker may be building them
-        marker = out / "built"
-        said = marker.read_text() if marker.exists() else None
-        if said is None or (said and said != versions):  # never built, cut short, or other versions
-            shutil.rmtree(out, ignore_errors=True)
-            proc = subprocess.run([sys.executable, "-m", "launcher.smoke_assets", "--out", str(out)],
-                                  capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            marker.write_text(versions)
-        elif not said:
-            marker.write_text(versions)
-    return out
+    return smoke_cache.ensure()
 
 
 def once_per_run(tmp_path_factory, name: str, compute):

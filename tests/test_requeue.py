@@ -76,9 +76,9 @@ def _verl_checkpoints(ckpt: Path, *steps: int, latest: int) -> dict:
 
 
 def test_time_limit_signal_tears_down_and_requeues_itself(cli, sandbox, clean_env, tmp_path):
-    # Slurm sends USR1 when 60 s are left of 3 minutes, "up to 60 s early": 60-120 s after each
-    # run starts, so after its driver is up (~15 s here).
-    info = _submit(cli, sandbox, clean_env, tmp_path, "cluster.time=3", "cluster.signal_seconds=60")
+    # Slurm sends USR1 when 30 s are left of 2 minutes, "up to 60 s early": 30-90 s after each
+    # run starts, so after its driver is up (~10 s here).
+    info = _submit(cli, sandbox, clean_env, tmp_path, "cluster.time=2", "cluster.signal_seconds=30")
     job, run_dir = info["job_id"], info["run_dir"]
     try:
         _wait_phase(sandbox, job, run_dir, "driver-start", 1, timeout=300)
@@ -89,7 +89,7 @@ def test_time_limit_signal_tears_down_and_requeues_itself(cli, sandbox, clean_en
         # verl's checkpoint-before-expiry deadline: the moment this run's USR1 is due.
         start = next(p["time"] for p in _phases(run_dir) if p["phase"] == "start" and p["restart"] == 1)
         deadline = int(second["driver"]["MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"])
-        assert abs(deadline - (start + 180 - 60)) <= 5, (deadline, start)
+        assert abs(deadline - (start + 120 - 30)) <= 5, (deadline, start)
     finally:
         sandbox.run("scancel", job)
         sandbox.wait(job)
