@@ -132,10 +132,12 @@ def _sweep_points(recipe, overrides, backend, environ, max_points):
 
 @dataclass
 class Import:
-    """What `import_command` wrote: the recipe's path, what was mapped and why, check's report."""
+    """What `import_command` wrote: the recipe's path, what was mapped and why, what was not
+    carried and why, check's report."""
     path: str
     said: List[str]
     report: Report
+    dropped: List[str] = field(default_factory=list)
 
 
 def import_command(argv: List[str], out, force: bool = False, cwd: Optional[str] = None,
@@ -154,7 +156,7 @@ def import_command(argv: List[str], out, force: bool = False, cwd: Optional[str]
         raise RecipeError(f"{out}: a recipe is a .yaml file", where="-o", key="-o")
     if path.exists() and not force:
         raise RecipeError(f"{out} exists: give --force to replace it, or another -o", where="-o", key="-o")
-    cmd = parse_command(list(argv))
+    cmd = parse_command(list(argv), cwd=cwd)
     imported = from_command(cmd, cwd)
     before = path.read_bytes() if path.exists() else None
     path.write_text(to_yaml(imported, cmd, cwd))
@@ -166,7 +168,7 @@ def import_command(argv: List[str], out, force: bool = False, cwd: Optional[str]
         else:
             path.write_bytes(before)
         raise
-    return Import(str(path), imported.said, report)
+    return Import(str(path), imported.said, report, imported.dropped)
 
 
 def _check_sweep(recipe, overrides, backend, environ, max_points) -> Report:

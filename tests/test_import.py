@@ -140,6 +140,72 @@ def test_a_uv_run_line_says_what_runs_it(tmp_path, clean_env):
     assert any(s.startswith("runtime.python: uv run --extra vllm python3 ran it here") for s in done.said)
 
 
+# verl's multi-node guide: `ray job submit --address=... --runtime-env=verl/trainer/runtime_env.yaml
+# --no-wait -- python3 -m verl.trainer.main_ppo ...`; the runtime env as verl's own file has it
+# (working_dir, excludes, env_vars, pip), with a secret beside.
+RUNTIME_ENV = """working_dir: ./
+excludes: ["/.git/"]
+env_vars:
+  TORCH_NCCL_AVOID_RECORD_STREAMS: "1"
+  VLLM_USE_V1: 1
+  HF_TOKEN: hf_notarealtokenbutlongenough
+pip:
+  - "peft"
+"""
+
+
+def test_verls_ray_job_submit_form_takes_the_interpreter_after_the_dashes_and_the_runtime_envs_variables(
+        tmp_path, clean_env, cli):
+    (tmp_path / "verl" / "trainer").mkdir(parents=True)
+    (tmp_path / "verl" / "trainer" / "runtime_env.yaml").write_text(RUNTIME_ENV)
+    argv = ["RAY_ADDRESS=http://10.0.0.1:8265", "ray", "job", "submit", "--address=http://10.0.0.1:8265",
+            "--runtime-env=verl/trainer/runtime_env.yaml", "--no-wait", "--entrypoint-num-cpus", "2", "--",
+            "PYTHONUNBUFFERED=1", NO_VERL, "-m", "verl.trainer.main_ppo", *BASE]
+    proc = cli("import", "-o", tmp_path / "r.yaml", "--", *argv, env=clean_env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "r.yaml").read_text()
+    r = yaml.safe_load(text)
+    assert r["runtime"] == {"python": NO_VERL}  # what follows `--`, not the whole prefix
+    assert r["env"] == {"TORCH_NCCL_AVOID_RECORD_STREAMS": "1", "VLLM_USE_V1": "1", "PYTHONUNBUFFERED": "1"}
+    assert r["verl"]["overrides"] == {"actor_rollout_ref.rollout.name": "vllm"}
+    dropped = {ln.split()[2].rstrip(":"): ln for ln in proc.stdout.splitlines() if ln.startswith("not carried ")}
+    assert set(dropped) == {"RAY_ADDRESS=http://10.0.0.1:8265", "--address", "--no-wait", "--entrypoint-num-cpus",
+                            "--runtime-env", "env.HF_TOKEN"}, proc.stdout
+    assert "its own Ray cluster" in dropped["--address"] and "List HF_TOKEN in `secrets`" in dropped["env.HF_TOKEN"]
+    for field in ("working_dir", "excludes", "pip"):
+        assert re.search(rf"^not carried --runtime-env {field}: ", proc.stdout, re.M), proc.stdout
+    assert "hf_notarealtoken" not in text + proc.stdout + proc.stderr  # a secret is never written nor said
+    assert "ran it here" not in proc.stdout
+
+
+def test_a_runtime_env_as_json_and_assignments_before_python_go_to_env(tmp_path, clean_env):
+    done, r = _import(tmp_path, clean_env, *BASE, runner=(
+        "ray", "job", "submit", "--runtime-env-json", '{"env_vars": {"NCCL_DEBUG": "WARN", "WANDB_PROJECT": "x"}}',
+        "--", NO_VERL))
+    assert r["env"] == {"NCCL_DEBUG": "WARN"} and r["runtime"] == {"python": NO_VERL}
+    assert any(d.startswith("env.WANDB_PROJECT: cannot be set in a recipe (set by the job from wandb.project")
+               for d in done.dropped), done.dropped
+    _, r = _import(tmp_path, clean_env, *BASE, runner=("env", "HYDRA_FULL_ERROR=1", NO_VERL), name="b.yaml")
+    assert r["env"] == {"HYDRA_FULL_ERROR": "1"} and r["runtime"] == {"python": NO_VERL}
+
+
+@pytest.mark.parametrize("option,content,says", [
+    ("--runtime-env=missing.yaml", None, "cannot read the runtime env"),
+    ("--runtime-env=env.yaml", "env_vars: [unclosed", "is not YAML Ray could read"),
+    ("--runtime-env=env.yaml", "- a list", "must be a mapping"),
+    ("--runtime-env=env.yaml", "env_vars: [A, B]", "must map names to values"),
+    ("--runtime-env-json={'env_vars': 1}", None, "not JSON Ray could read"),
+])
+def test_a_runtime_env_that_cannot_be_read_is_exit_2_naming_it(option, content, says, tmp_path, clean_env, cli):
+    if content is not None:
+        (tmp_path / "env.yaml").write_text(content)
+    out = tmp_path / "r.yaml"
+    proc = cli("import", "-o", out, "--", "ray", "job", "submit", option, "--", NO_VERL, "-m", "verl.trainer.main_ppo",
+               *BASE, env=clean_env, cwd=tmp_path)
+    assert proc.returncode == 2 and says in proc.stderr and option.split("=")[0] in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
 def test_logging_off_without_wandb_and_tracing_follows(tmp_path, clean_env):
     _, r = _import(tmp_path, clean_env, *BASE, "trainer.logger=console")
     assert r["wandb"]["enabled"] is False and r["trace"]["backend"] == "none"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Optional
+from typing import List, Optional
 
 from ..errors import Problems
 from ..base.schema import GPU_VENDORS, TRACE_BACKENDS, Recipe
@@ -44,6 +44,26 @@ _WANDB_ENV = {"WANDB_PROJECT": "wandb.project", "WANDB_NAME": "wandb.experiment"
               "WANDB_BASE_URL": "wandb.base_url", "WANDB_HOST": "wandb.base_url", "WANDB_RUN_ID": None,
               "WANDB_RESUME": None, "WANDB_ERROR_REPORTING": None, "WANDB_RUN_GROUP": "wandb.group",
               "WANDB_JOB_TYPE": "wandb.job_type"}
+
+
+def env_problems(k: str, v: str) -> List[str]:
+    """Why NAME=VALUE cannot be in a recipe's `env` (none: it can). `import` asks the same of
+    what a command line or Ray's runtime env sets."""
+    out = []
+    if not _ENV_NAME.fullmatch(k):
+        out.append("not a valid environment variable name")
+    if k in _RESERVED_ENV or k.startswith("SLURM_") or k in _WANDB_ENV:
+        why = ("a secret: export it in your shell or use wandb.api_key_file" if k == "WANDB_API_KEY" else
+               f"set by the job from {_WANDB_ENV[k]}: set that instead" if _WANDB_ENV.get(k) else
+               "set by the job itself")
+        out.append(f"cannot be set in a recipe ({why})")
+    if "\x00" in v:
+        out.append("contains a NUL byte")
+    if _SECRET_WORD.search(k) and str(v).strip() and not str(v).startswith(("/", "~", "$")):
+        # `env` is written into the script in plain text; a path to a key file is fine
+        out.append("looks like a secret (its name): `env` is written into the job script in plain "
+                   f"text. List {k} in `secrets` and export it in your shell instead")
+    return out
 
 
 STALL_FLOOR = 1800  # seconds: "auto" never stops a job sooner than this after its last step
@@ -172,19 +192,8 @@ def validate(r: Recipe, blame) -> None:
             bad(f"runtime.setup[{i}]", "one shell line per list item (no newlines)")
 
     for k, v in r.env.items():
-        if not _ENV_NAME.fullmatch(k):
-            bad(f"env.{k}", "not a valid environment variable name")
-        if k in _RESERVED_ENV or k.startswith("SLURM_") or k in _WANDB_ENV:
-            why = ("a secret: export it in your shell or use wandb.api_key_file" if k == "WANDB_API_KEY" else
-                   f"set by the job from {_WANDB_ENV[k]}: set that instead" if _WANDB_ENV.get(k) else
-                   "set by the job itself")
-            bad(f"env.{k}", f"cannot be set in a recipe ({why})")
-        if "\x00" in v:
-            bad(f"env.{k}", "contains a NUL byte")
-        if _SECRET_WORD.search(k) and str(v).strip() and not str(v).startswith(("/", "~", "$")):
-            # `env` is written into the script in plain text; a path to a key file is fine
-            bad(f"env.{k}", "looks like a secret (its name): `env` is written into the job script in plain "
-                            f"text. List {k} in `secrets` and export it in your shell instead")
+        for why in env_problems(k, v):
+            bad(f"env.{k}", why)
 
     for i, name in enumerate(r.secrets):
         if not _ENV_NAME.fullmatch(name) or name.startswith("SLURM_"):

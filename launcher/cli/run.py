@@ -36,11 +36,14 @@ def cmd_check(args) -> int:
 
 
 def cmd_import(args) -> int:
-    """The recipe written, what was mapped and why, then check's report on it (as `check`)."""
+    """The recipe written, what was mapped and why, what was not carried and why, then check's
+    report on it (as `check`)."""
     done = api.import_command(args.argv, args.output, force=args.force, environ=os.environ)
     print(f"{'imported':<11} {done.path}")
     for line in done.said:
         print(f"{'mapped':<11} {line}")
+    for line in done.dropped:
+        print(f"{'not carried':<11} {line}")
     for label, text in done.report.lines:
         print(f"{label:<11} {text}")
     print(done.report.verdict)

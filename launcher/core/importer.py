@@ -42,6 +42,7 @@ HUB_OR_PATH = re.compile(r"(^|\.)(model\.path|tokenizer_path|model_path)$")
 class Imported:
     recipe: Dict[str, Any]  # the recipe, launcher fields first
     said: List[str] = field(default_factory=list)  # what was mapped, and why
+    dropped: List[str] = field(default_factory=list)  # what was not carried, and why
 
 
 @dataclass
@@ -52,16 +53,57 @@ class Command:
     overrides: List[str]
     config_name: Optional[str] = None
     config_path: Optional[str] = None
+    env: Dict[str, str] = field(default_factory=dict)  # what it sets for verl: VAR=value, a Ray runtime env's env_vars
+    dropped: List[str] = field(default_factory=list)  # what of the line is not carried, and why
 
 
 _PYTHON = re.compile(r"(.*/)?python[0-9.]*$")
 _OPTIONS = {"--config-name": "config_name", "-cn": "config_name", "--config-path": "config_path", "-cp": "config_path"}
+_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
 
 
-def parse_command(argv: List[str], where: str = "command line") -> Command:
+def parse_command(argv: List[str], where: str = "command line", cwd: Optional[str] = None) -> Command:
     """ARGV: `python3 -m verl.trainer.main_ppo [--config-name N] [--config-path P] override...`, also
-    after `uv run ...` or VAR=value assignments; a module of verl's (verl.*) or of its recipes
-    (recipe.*). Anything else is a RecipeError naming the argument."""
+    after `uv run ...`, VAR=value assignments, or `ray job submit [options] --` (verl's multi-node
+    form: its runtime env's env_vars are read, from CWD); a module of verl's (verl.*) or of its
+    recipes (recipe.*). Anything else is a RecipeError naming the argument."""
+    from .ray_submit import strip_ray_submit
+
+    env: Dict[str, str] = {}
+    said: List[str] = []
+    argv, ray_env = _assignments(list(argv))
+    if argv[:1] and posixpath.basename(argv[0]) == "ray" and argv[1:3] == ["job", "submit"]:
+        said += [f"{k}={v if not _secret(k) else '...'}: it set `ray job submit`'s own environment, not the job's"
+                 for k, v in ray_env.items()]
+        argv, env, more = strip_ray_submit(argv[3:], where, cwd or os.getcwd())
+        said += more
+        argv, assigned = _assignments(argv)
+        env.update(assigned)
+    else:
+        env = ray_env
+    cmd = _parse_python(argv, where)
+    cmd.env, cmd.dropped = env, said
+    return cmd
+
+
+def _assignments(argv: List[str]):
+    """The VAR=value words before a command (`env` first too), and the command."""
+    env: Dict[str, str] = {}
+    i = 1 if argv[:1] == ["env"] else 0
+    while i < len(argv) and _ASSIGN.fullmatch(argv[i]) and "-m" in argv[i + 1:]:
+        k, v = _ASSIGN.fullmatch(argv[i]).groups()
+        env[k] = v
+        i += 1
+    return (argv[i:], env) if env or i == 0 else (argv, env)
+
+
+def _secret(name: str) -> bool:
+    from ..checks.secrets import SECRET_NAME
+
+    return bool(SECRET_NAME.search(name))
+
+
+def _parse_python(argv: List[str], where: str) -> Command:
     if "-m" not in argv or argv.index("-m") + 1 >= len(argv):
         shown = " ".join(argv[:3]) or "(nothing)"
         raise RecipeError(f"{shown!r} is not a verl command line: give `python3 -m verl.trainer.main_ppo ...` "
@@ -170,8 +212,18 @@ def from_overrides(overrides: List[str], config_name: Optional[str] = None, conf
 
 def from_command(cmd: Command, cwd: Optional[str] = None, where: str = "command line") -> Imported:
     """The recipe for a parsed verl command line (parse_command), what runs it included."""
+    from ..checks.fields import env_problems
+
     imported = from_overrides(cmd.overrides, cmd.config_name, cmd.config_path, cwd, where)
     r = imported.recipe
+    imported.dropped += cmd.dropped
+    for k, v in cmd.env.items():
+        why = env_problems(k, v)
+        if why:  # a secret's value is never written, nor said
+            imported.dropped.append(f"env.{k}: {why[0]}")
+        else:
+            r.setdefault("env", {})[k] = v
+            imported.said.append(f"env.{k}: {v}, as the command line set it for verl")
     if cmd.module != "verl.trainer.main_ppo":
         r["verl"] = {"entrypoint": cmd.module, **r["verl"]}
     python = cmd.runner[-1]
@@ -202,7 +254,7 @@ def to_yaml(imported: Imported, cmd: Command, cwd: str) -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"' if "\n" in value else None)
 
     Dumper.add_representer(str, text)
-    order = ("job", "cluster", "runtime", "wandb", "trace", "verl")
+    order = ("job", "cluster", "runtime", "env", "wandb", "trace", "verl")
     recipe = {k: imported.recipe[k] for k in (*order, *imported.recipe) if k in imported.recipe}
     body = yaml.dump(recipe, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=1000,
                      allow_unicode=True)
