@@ -88,12 +88,16 @@ class Run:
 
         return Tally.of(counts, self.record.get("traces_per_step"), self.status(traces=False)["steps_done"])
 
-    def report(self, price: Optional[float] = None):
+    def report(self, price: Optional[float] = None, plot: Optional[str] = None):
         """Where the run's allocation went (jobs/report.Report: its attempts, each part's seconds,
         the steps kept and lost, goodput; to_dict(), line()), from the run's own files and Slurm's
-        accounting. PRICE per GPU-hour: default the recipe's cluster.gpu_hour_price."""
-        from .jobs import report
+        accounting. PRICE per GPU-hour: default the recipe's cluster.gpu_hour_price. PLOT: also
+        draw its timeline into that PNG file (matplotlib, the `plot` extra: without it a
+        RecipeError, before any work)."""
+        from .jobs import report, report_plot
 
+        if plot:
+            report_plot.need_matplotlib()
         if not Path(self.run_dir).is_dir():
             raise RecipeError("the run directory does not exist (moved or deleted?)", where=self.run_dir)
         record = {**(self.paths.read_record() or {}), **self.record}
@@ -109,6 +113,8 @@ class Run:
         rep = report.build(self.paths, record, allocations, price)
         if unasked:
             rep.gaps[:] = [unasked] + [g for g in rep.gaps if "no allocation in Slurm's accounting" not in g]
+        if plot:
+            report_plot.plot(rep, plot)
         return rep
 
     def _goodput(self, row: dict) -> Optional[str]:
@@ -217,7 +223,7 @@ class SweepRun(Run):
     def points(self) -> list:
         return [Run(p["job_id"], p["run_dir"]) for p in state.points(self.record)]
 
-    def report(self, price: Optional[float] = None):
+    def report(self, price: Optional[float] = None, plot: Optional[str] = None):
         """A sweep's points are runs of their own: each has its report."""
         raise RecipeError("a sweep is a job array of runs: report one point (its job id ARRAY_i or run "
                           "directory, as `verl-launch status SWEEP` lists them)", where=self.run_dir)

@@ -232,10 +232,25 @@ def test_the_api_is_the_door(tmp_path, clean_env, monkeypatch):
     for k, v in clean_env.items():
         monkeypatch.setenv(k, v)
     write_run(tmp_path / "run", PLAN)
-    rep = launcher.run(str(tmp_path / "run")).report(price=3.0)
+    png = tmp_path / "where.png"
+    rep = launcher.run(str(tmp_path / "run")).report(price=3.0, plot=str(png))
     assert isinstance(rep, report.Report) and rep.steps_kept == 7 and rep.price == 3.0
     assert rep.cost == pytest.approx(3.0 * rep.allocated / 3600)
     assert rep.gaps[0].startswith("Slurm could not be asked")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the picture, drawn through the API
+    d = rep.to_dict()  # what the CLI prints from: every part and kept training's split, in order
+    assert list(d["parts"]) == list(report.PARTS) and list(d["training"]) == list(report.TRAINING)
+    assert sum(d["training"].values()) == pytest.approx(d["parts"]["training"])
+
+
+def test_the_cli_reaches_the_launcher_only_through_the_api():
+    """Every command reaches the launcher through launcher.api: the CLI only parses and prints."""
+    import ast
+
+    for path in (ROOT / "launcher" / "cli").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 2 and node.module:
+                assert node.module in ("checks.secrets",), (path.name, node.module)  # console's redaction only
 
 
 def test_a_running_attempts_step_in_progress_is_training_not_lost(tmp_path):

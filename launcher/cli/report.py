@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 from .. import api
-from ..jobs.report import PARTS, TRAINING
 
 # One letter per part for the terminal timeline, and what it says in the legend.
 LETTERS = {"bring-up": "B", "checks": "C", "verl-start": "V", "training": "=", "validation": "E",
@@ -36,16 +35,7 @@ def cmd_report(args) -> int:
     if args.price is not None and not 0 <= args.price < float("inf"):
         raise api.RecipeError(f"{args.price} is not a price (0 or more per GPU-hour)", where="command line",
                               key="--price")
-    run = api.run(args.ref)
-    if args.plot:
-        from ..jobs.report_plot import need_matplotlib
-
-        need_matplotlib()  # before any work: exit 2 naming the extra
-    rep = run.report(price=args.price)
-    if args.plot:
-        from ..jobs.report_plot import plot
-
-        plot(rep, args.plot)
+    rep = api.run(args.ref).report(price=args.price, plot=args.plot)  # no matplotlib: exit 2 before any work
     if args.json:
         print(json.dumps(rep.to_dict()))
         return 0
@@ -64,6 +54,7 @@ def text(rep) -> str:
     d = rep.to_dict()
     alloc = d["allocated_node_seconds"]
     lines = [f"run        {rep.run_dir}" + (f" (job {rep.job_id})" if rep.job_id else "")]
+    order = list(d["parts"])
     if not rep.attempts:
         lines.append("allocated  nothing yet (the job has not started)")
     for a in rep.attempts:
@@ -76,16 +67,14 @@ def text(rep) -> str:
             steps += f", {len(a.lost_steps)} redone later ({', '.join(map(str, a.lost_steps))})"
         lines.append(f"attempt {a.restart}  {_dur(a.seconds)} x {a.nodes} node(s){src}{q}; {steps}"
                      + (f"; ended: {_cut(a.ended, 100)}" if a.ended else ""))
-        lines.append(f"  {timeline(a)}")
+        lines.append(f"  {timeline(a, order)}")
     if rep.attempts:
         lines.append(f"{'part':<12} {'node-s':>10} {'share':>6}")
-        for p in PARTS:
-            v = d["parts"][p]
+        for p, v in d["parts"].items():  # in the report's order
             if v or p in ("training", "lost", "unaccounted"):
                 lines.append(f"{p:<12} {v:>10,.0f} {v / alloc if alloc else 0:>6.1%}")
                 if p == "training":
-                    for k in TRAINING:
-                        t = sum(a.training.get(k, 0) * a.nodes for a in rep.attempts)
+                    for k, t in d["training"].items():
                         lines.append(f"  {k:<10} {t:>10,.0f} {t / alloc if alloc else 0:>6.1%}")
         lines.append(f"{'allocated':<12} {alloc:>10,.0f}")
         g, tps = d["goodput"], d["tokens_per_gpu_second"]
@@ -96,20 +85,19 @@ def text(rep) -> str:
             per = d["cost_per_kept_step"]
             lines.append(f"cost       {d['cost']:,.2f} at {rep.price:g}/GPU-hour"
                          + (f", {per:,.4f} per kept step" if per is not None else ""))
-        lines.append("legend     " + " ".join(f"{LETTERS[p]} {p}" for p in PARTS))
+        lines.append("legend     " + " ".join(f"{LETTERS[p]} {p}" for p in d["parts"]))
     for gap in d["gaps"]:
         lines.append(f"not known  {gap}")
     return "\n".join(lines)
 
 
-def timeline(a) -> str:
-    """One attempt as WIDTH characters, each part in proportion, in the order it was spent."""
+def timeline(a, parts) -> str:
+    """One attempt as WIDTH characters, each of PARTS in proportion, in the order it was spent."""
     total = a.seconds
     if not total:
         return "(no allocation)"
-    order = [p for p in PARTS if p != "unaccounted"]
     cells = []
-    for p in order:
+    for p in (p for p in parts if p != "unaccounted"):
         n = round(WIDTH * a.parts.get(p, 0) / total)
         cells.append(LETTERS[p] * n)
     bar = "".join(cells)[:WIDTH]

@@ -123,6 +123,8 @@ class Report:
                "tokens_per_gpu_second": self.tokens_per_gpu_second, "steps_kept": self.steps_kept,
                "steps_logged": len(kept),
                "parts": {p: sum(a.parts.get(p, 0) * a.nodes for a in self.attempts) for p in PARTS},
+               # kept training, by verl's own step timings (in TRAINING's order)
+               "training": {k: sum(a.training.get(k, 0) * a.nodes for a in self.attempts) for k in TRAINING},
                "gpu_hour_price": self.price, "cost": self.cost,
                "cost_per_kept_step": self.cost / self.steps_kept if self.cost is not None and self.steps_kept else None,
                "gaps": self.gaps, "attempts": [asdict(a) for a in self.attempts]}
