@@ -97,7 +97,7 @@ def check(recipe, overrides: List[str] = (), local: bool = False, environ: Optio
         return _check_sweep(recipe, overrides, backend, environ, max_points)
     p = prepare(recipe, overrides, backend, environ, notes=notes)
     if p.problems:
-        raise p.refusal
+        raise p.refused()
     r, plan, loaded = p.recipe, p.plan, p.loaded
     lines = verl_lines(plan, p.preflight)
     c = r.cluster

@@ -19,7 +19,20 @@ class RecipeError(Exception):
         self.message = message
         self.where = where
         self.key = key
+        # Said after the refusal, so that one try shows every problem: what would be warned
+        # about (a missing image), and what could not be checked because of the refusal.
+        self.warnings: List[str] = []
+        self.unchecked: str | None = None
         super().__init__(str(self))
+
+    def with_warnings(self, warnings, unchecked: str | None = None) -> "RecipeError":
+        """Itself, with WARNINGS (each once, in order) and what was UNCHECKED added."""
+        for w in warnings:
+            w = w[len("warning: "):] if w.startswith("warning: ") else w  # said once, as the CLI labels it
+            if w not in self.warnings:
+                self.warnings.append(w)
+        self.unchecked = unchecked or self.unchecked
+        return self
 
     def __str__(self) -> str:
         field = f"{self.key}: " if self.key else ""

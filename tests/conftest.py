@@ -27,6 +27,13 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 SANDBOX_UP = ROOT / "tests" / "cluster" / "sandbox-up.sh"
 
 
+def refusal(stderr: str) -> str:
+    """What the CLI said of a refusal, up to the `not checked:` line that ends it where the
+    refusal kept the later checks from running (launcher/core/recipe.py's UNCHECKED)."""
+    lines = stderr.strip().splitlines()
+    return "\n".join(lines[:-1] if lines and lines[-1].startswith("not checked: ") else lines)
+
+
 def run_cli(*args, env=None, cwd=None, timeout=120) -> subprocess.CompletedProcess:
     """verl-launch as a user runs it: a fresh interpreter, output captured."""
     return subprocess.run([sys.executable, "-m", "launcher.cli", *map(str, args)], env=env, cwd=cwd,

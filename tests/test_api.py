@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import launcher
-from conftest import RECIPES
+from conftest import RECIPES, refusal
 
 DEMO = RECIPES / "sandbox-demo.yaml"
 
@@ -87,7 +87,7 @@ def test_check_reports_what_the_cli_prints(cli, api_env):
     refused = launcher.check(str(DEMO), ov + ["wandb.reach_timeout=5"], environ=bare)
     assert not refused.ok and "WANDB_API_KEY" in refused.verdict
     shown = cli("check", DEMO, *ov, "wandb.reach_timeout=5", env=bare)
-    assert shown.returncode == 2 and shown.stderr.strip().endswith(refused.verdict), shown.stderr
+    assert shown.returncode == 2 and refusal(shown.stderr).endswith(refused.verdict), shown.stderr
     # bad input raises what the CLI prints, exit 2
     with pytest.raises(launcher.RecipeError, match="cluster.nodes"):
         launcher.check(str(DEMO), ov + ["cluster.nodes=0"], environ=environ)

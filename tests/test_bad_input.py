@@ -13,7 +13,7 @@ from typing import Callable, List, Optional
 import pytest
 import yaml
 
-from conftest import RECIPES
+from conftest import RECIPES, refusal
 
 BASE = yaml.safe_load((RECIPES / "sandbox-demo.yaml").read_text())
 CMDLINE = "command line"
@@ -276,7 +276,7 @@ def test_every_problem_is_said_at_once(command, cli, tmp_path, clean_env):
     env, _ = _tripwire(tmp_path / "again", clean_env)
     err = cli(command[0], tmp_path / "recipes" / case.name, *case.overrides, *command[1:], env=env).stderr
     recipe = tmp_path / "recipes" / case.name
-    said = err.splitlines()
+    said = refusal(err).splitlines()
     assert said[0] == "error: 4 problems, each to fix before it can run:", err
     assert said[1:] == [f"  {recipe}: cluster.nodes: must be at least 1, got 0",
                         "  command line: wandb.entity: 'a b' is not a valid W&B entity (letters, digits, '_' or '-')",
@@ -345,8 +345,8 @@ def test_check_gives_submits_verdict_on_the_environment(what, cli, tmp_path, cle
     if what == "valid":
         assert check.stdout.strip().splitlines()[-1] == "ok: submit would queue this job"
     else:
-        last = check.stderr.strip().splitlines()[-1]
-        assert last.startswith("error: ") and last == dry.stderr.strip().splitlines()[-1], (check.stderr, dry.stderr)
+        last = refusal(check.stderr).splitlines()[-1]
+        assert last.startswith("error: ") and last == refusal(dry.stderr).splitlines()[-1], (check.stderr, dry.stderr)
         # what would have run is shown before the verdict; not a recipe that holds a secret
         assert ("verl args" in check.stdout) == (what != "secret-in-recipe"), check.stdout
     for secret in (env.get("WANDB_API_KEY"), env.get("HF_TOKEN")):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RECIPES, submit_json
+from conftest import RECIPES, refusal, submit_json
 from launcher.backends.summary import hours
 
 DEMO = RECIPES / "sandbox-demo.yaml"
@@ -78,7 +78,7 @@ def test_an_experiment_with_checkpoints_resumes_and_the_flags_say_which_is_meant
     state = tmp_path / "home" / ".local" / "state"
     fresh = cli(*base, "--fresh", env=clean_env)
     assert fresh.returncode == 2, fresh.stderr
-    assert fresh.stderr.strip().splitlines()[-1] == (
+    assert refusal(fresh.stderr).splitlines()[-1] == (
         f"error: {DEMO}: wandb.experiment: --fresh: experiment 'sandbox-demo' already has checkpoints up to "
         f"global_step_20 in {d}: give it a new name (wandb.experiment=sandbox-demo-2), or move those checkpoints "
         "away; to continue it instead, use --resume"), fresh.stderr
@@ -152,3 +152,51 @@ def test_fresh_refuses_an_experiment_an_earlier_run_logged_to_w_and_b(cli, sandb
     assert f"already has W&B run " in again.stderr and f"from job {info['job_id']}" in again.stderr, again.stderr
     runs = [json.loads(x) for x in (tmp_path / "state" / "runs.jsonl").read_text().splitlines()]
     assert [r["job_id"] for r in runs] == [info["job_id"]]  # nothing more queued
+
+
+@pytest.mark.parametrize("command", ["check", "submit --dry-run", "import"])
+def test_a_refusal_comes_with_every_warning_and_what_was_not_checked(command, cli, clean_env, tmp_path):
+    """One try shows every problem: the refusal first, then what check would warn about once it
+    were fixed (a missing image, a `+key` nothing reads), then what the refusal kept unchecked;
+    exit 2, nothing written."""
+    image = f"{tmp_path}/missing.sqsh"
+    if command == "import":  # verl's own command line: a misspelt key refused, a `+key` warned about
+        out = tmp_path / "r.yaml"
+        proc = cli("import", "-o", out, "--", "/usr/bin/python3", "-m", "verl.trainer.main_ppo",
+                   "+trainer.bogus_knob=1", "trainer.total_epoch=2", env=clean_env, cwd=tmp_path)
+        warned = "verl.overrides.trainer.bogus_knob: is not a key of verl"
+    else:  # the run directory outside the container's mounts: refused; the image: warned about
+        out = tmp_path / "runs"
+        proc = cli(*command.split(), DEMO, f"runtime.python={sys.executable}", f"paths.runs={out}",
+                   f"container.image={image}", "container.mounts=[/mnt/data:/mnt/data]", env=clean_env)
+        warned = f"container.image {image} does not exist here"
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    said = proc.stderr.strip().splitlines()
+    first = next(i for i, ln in enumerate(said) if ln.startswith("error: "))
+    warnings = [i for i, ln in enumerate(said) if ln.startswith("warning: ")]
+    assert warnings and min(warnings) > first, said
+    assert any(warned in said[i] for i in warnings), said
+    assert said[-1].startswith("not checked: verl's own checks, what the experiment starts from, and Slurm's"), said
+    assert not out.exists()  # nothing written
+    # fixed, the refusal goes and the warning stays, as a warning
+    if command == "check":
+        ok = cli("check", DEMO, f"runtime.python={sys.executable}", f"paths.runs={out}", f"container.image={image}",
+                 f"container.mounts=[{tmp_path}:{tmp_path}]", env=clean_env)
+        assert ok.returncode == 0 and warned in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_a_refusal_after_verl_resolved_the_config_keeps_its_warnings_too(cli, clean_env, tmp_path):
+    """Refused by what the experiment has (--fresh over checkpoints), after every other check ran:
+    the missing image is still said, after the error, and nothing is left unchecked but Slurm's
+    own answer, which submit does not ask."""
+    d = _ckpt(tmp_path, "sandbox-demo", 20)
+    image = f"{tmp_path}/missing.sqsh"
+    proc = cli("submit", DEMO, f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}", "--fresh",
+               f"container.image={image}", f"container.mounts=[{tmp_path}:{tmp_path}]", env=clean_env)
+    assert proc.returncode == 2, proc.stderr
+    said = proc.stderr.strip().splitlines()
+    assert said[-2].startswith(f"error: {DEMO}: wandb.experiment: --fresh: experiment 'sandbox-demo' already has "
+                               f"checkpoints up to global_step_20 in {d}"), said
+    assert said[-1] == (f"warning: container.image {image} does not exist here; if the nodes cannot see it either, "
+                        "the job fails at its first step (verl-launch image import makes it)"), said
+    assert not (tmp_path / "runs" / "sandbox-demo").exists()

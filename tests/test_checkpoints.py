@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, refusal
 from launcher.base import checkpoints as ck
 
 FSDP2 = {"strategy": "fsdp", "world_size": 2, "actor": ["model", "optimizer", "extra"], "critic": None}
@@ -216,7 +216,7 @@ def test_check_and_submit_name_the_newest_complete_step_verl_would_not_load(cli,
     assert dry.returncode == 0 and _warnings(dry, "stderr") == [want], dry.stderr
     resume = _cli(cli, clean_env, tmp_path, ckpt, "submit", "--resume")
     assert resume.returncode == 2, resume.stderr
-    assert resume.stderr.strip().splitlines()[-1] == (f"error: {ROOT / VERL}: verl.overrides.trainer.default_local_dir: "
+    assert refusal(resume.stderr).splitlines()[-1] == (f"error: {ROOT / VERL}: verl.overrides.trainer.default_local_dir: "
                                                       f"--resume: experiment 'sandbox-verl': {want}")
     assert not (tmp_path / "runs").exists() and (ckpt / "global_step_3").is_dir()  # nothing written or lost
     way = _cli(cli, clean_env, tmp_path, ckpt, "submit", "--resume-from", "global_step_3", "--dry-run")

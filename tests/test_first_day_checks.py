@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import RECIPES
+from conftest import RECIPES, refusal
 
 from launcher.checks.verl_schema import FRACTIONAL_OK, snapshot_for, whole_number_key
 from launcher.checks.verl_schema import NULL_DEFAULT_COUNTS
@@ -18,6 +18,16 @@ GSM8K = RECIPES / "gsm8k-grpo.yaml"
 NO_VERL = "runtime.python=/nonexistent/python"  # verl's own checks (preflight) skipped: launcher's only
 VERL_EP = "verl.entrypoint=verl.trainer.main_ppo"
 DAPO = "verl.entrypoint=recipe.dapo.main_dapo"  # verl's own recipes: ppo_trainer's config plus keys of their own
+
+
+def _error(proc) -> str:
+    """The refusal as said, without the line after it that names what it kept from being checked
+    (launcher.core.recipe.UNCHECKED: verl's own checks, the prior, Slurm), which must be there."""
+    from launcher.core.recipe import UNCHECKED
+
+    said = proc.stderr.strip().splitlines()
+    assert said[-1] == f"not checked: {UNCHECKED}", proc.stderr
+    return "\n".join(said[:-1])
 
 
 # ----------------------------------------------------------------------------- 1. whole numbers
@@ -34,7 +44,7 @@ def test_a_fraction_for_a_whole_number_verl_key_is_refused(cli, clean_env, tmp_p
     proc = cli(command, GSM8K, NO_VERL, override, f"paths.runs={tmp_path / 'runs'}", *extra, env=clean_env)
     key = override.split("=")[0]
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip() == f"error: command line: {key}: must be a whole number, got {shown}", proc.stderr
+    assert _error(proc) == f"error: command line: {key}: must be a whole number, got {shown}", proc.stderr
     assert not (tmp_path / "runs").exists()
 
 
@@ -88,7 +98,7 @@ def test_a_fraction_for_a_null_defaulted_count_is_refused(cli, clean_env, overri
     proc = cli("check", GSM8K, NO_VERL, override, env=clean_env)
     key = override.split("=")[0]
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.strip() == f"error: command line: {key}: must be a whole number, got {shown}", proc.stderr
+    assert _error(proc) == f"error: command line: {key}: must be a whole number, got {shown}", proc.stderr
 
 
 @pytest.mark.parametrize("override", [
@@ -122,7 +132,7 @@ def test_requeue_says_save_freq_must_be_whole(cli, clean_env):
     proc = cli("check", DEMO, "cluster.requeue=true", "verl.overrides.trainer.default_local_dir=/tmp/ck",
                "verl.overrides.trainer.save_freq=2.5", env=clean_env)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("error: command line: verl.overrides.trainer.save_freq: must be a whole number "
+    assert _error(proc) == ("error: command line: verl.overrides.trainer.save_freq: must be a whole number "
                                    "of steps, got 2.5"), proc.stderr
 
 
@@ -134,7 +144,7 @@ def test_the_launchers_own_whole_numbers(cli, clean_env, override, shown):
     proc = cli("check", DEMO, override, env=clean_env)
     key = override.split("=")[0]
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: command line: {key}: must be a whole number, got {shown}", proc.stderr
+    assert _error(proc) == f"error: command line: {key}: must be a whole number, got {shown}", proc.stderr
 
 
 # ----------------------------------------------------------------------------- 2. other entrypoints
@@ -195,7 +205,7 @@ def test_the_python_api_warns_too(clean_env, tmp_path, capfd):
 def test_a_misspelt_launcher_key_gets_a_suggestion(cli, clean_env, override, hint):
     proc = cli("check", DEMO, override, env=clean_env)
     assert proc.returncode == 2
-    assert proc.stderr.strip().endswith(f": did you mean {hint}?"), proc.stderr
+    assert refusal(proc.stderr).endswith(f": did you mean {hint}?"), proc.stderr
     assert proc.stderr.startswith(f"error: command line: {override.split('=')[0].split('.')[0]}"), proc.stderr
 
 
@@ -206,26 +216,26 @@ def test_a_misspelt_key_in_the_file_names_the_file(cli, clean_env, tmp_path):
     proc = cli("check", recipe, env=clean_env)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"error: {recipe}: cluster.node: unknown key")
-    assert proc.stderr.strip().endswith("did you mean cluster.nodes?")
+    assert refusal(proc.stderr).endswith("did you mean cluster.nodes?")
 
 
 @pytest.mark.parametrize("command", ["check", "submit", "render"])
 def test_a_misspelt_recipe_file_gets_a_suggestion(cli, clean_env, command):
     proc = cli(command, "recipes/gsm8k-grop.yaml", env=clean_env, cwd=RECIPES.parent)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("error: recipes/gsm8k-grop.yaml: recipe file not found: did you mean "
+    assert _error(proc) == ("error: recipes/gsm8k-grop.yaml: recipe file not found: did you mean "
                                    "recipes/gsm8k-grpo.yaml?"), proc.stderr
 
 
 def test_a_recipe_name_without_its_folder_finds_the_shipped_one(cli, clean_env):
     proc = cli("check", "sandbox-demo.yaml", env=clean_env, cwd=RECIPES.parent)
     assert proc.returncode == 2
-    assert proc.stderr.strip().endswith("did you mean recipes/sandbox-demo.yaml?"), proc.stderr
+    assert refusal(proc.stderr).endswith("did you mean recipes/sandbox-demo.yaml?"), proc.stderr
 
 
 def test_nothing_near_no_suggestion(cli, clean_env, tmp_path):
     proc = cli("check", tmp_path / "qqqq.yaml", env=clean_env)
-    assert proc.returncode == 2 and proc.stderr.strip() == f"error: {tmp_path / 'qqqq.yaml'}: recipe file not found"
+    assert proc.returncode == 2 and _error(proc) == f"error: {tmp_path / 'qqqq.yaml'}: recipe file not found"
 
 
 # ----------------------------------------------------------------------------- 4. the version rule
@@ -249,7 +259,7 @@ def test_a_contradicted_rule_says_where_it_is_chosen(cli, clean_env):
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("error: command line: verl.overrides.trainer.use_v1: contradicts the "
                                           "launcher's derived value false, set from trace.backend: verl's legacy")
-    assert proc.stderr.strip().endswith("set trace.backend=none to use the V1 trainer"), proc.stderr
+    assert refusal(proc.stderr).endswith("set trace.backend=none to use the V1 trainer"), proc.stderr
 
 
 # ----------------------------------------------------------------------------- 5. no recipe given

@@ -17,7 +17,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import RECIPES, submit_json
+from conftest import RECIPES, refusal, submit_json
 
 DEMO = RECIPES / "sandbox-demo.yaml"
 
@@ -90,7 +90,7 @@ def test_netrc_entry_for_the_wandb_host_is_a_key_source(cli, clean_env, tmp_path
     # Only the entry for the recipe's W&B host counts.
     proc = cli("check", DEMO, env=env)  # submit's verdict: no key, refused
     assert proc.returncode == 2 and "W&B key     MISSING" in proc.stdout, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: ") and "WANDB_API_KEY" in proc.stderr
+    assert refusal(proc.stderr).splitlines()[-1].startswith("error: ") and "WANDB_API_KEY" in proc.stderr
     proc = cli("check", DEMO, "wandb.base_url=https://wandb.example.com", env=env)
     assert proc.returncode == 0 and "~/.netrc (wandb.example.com)" in proc.stdout
     proc = cli("submit", DEMO, "wandb.base_url=https://wandb.example.com", "--dry-run", env=env)

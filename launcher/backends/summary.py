@@ -6,7 +6,6 @@ never refuses: `check`'s verdict stays submit's. Slurm is asked through launcher
 
 from __future__ import annotations
 
-import os
 from typing import List, Optional, Tuple
 
 from ..errors import SlurmError
@@ -41,15 +40,11 @@ def _image(r) -> List[Line]:
     if not image:
         return [("nodes run", f"{r.runtime.python} (runtime.python; no container.image)"
                  + (f", after runtime.setup ({len(r.runtime.setup)} line(s))" if r.runtime.setup else ""))]
+    from ..checks.fields import image_warnings
+
     local = image.startswith(("/", "."))
     lines = [("image", f"{image} ({'a squashfs on shared storage' if local else 'pulled by enroot on every node at each start'})")]
-    if image.startswith("~"):
-        lines.append(("WARNING", f"container.image {image}: pyxis does not expand ~, and would take it for a "
-                                 "registry image: give the squashfs's absolute path"))
-    elif local and not os.path.exists(image):
-        lines.append(("WARNING", f"container.image {image} does not exist here; if the nodes cannot see it "
-                                 "either, the job fails at its first step (verl-launch image import makes it)"))
-    return lines
+    return lines + [("WARNING", w) for w in image_warnings(r)]
 
 
 def _trainer(r, verl_args) -> Optional[str]:
@@ -69,9 +64,10 @@ def _trainer(r, verl_args) -> Optional[str]:
 
 def _ray_auth(c) -> Line:
     """What the job's Ray accepts (docs/security.md, "The job's Ray cluster": measured on the sandbox)."""
+    from ..checks.fields import ray_auth_warning
+
     if c.ray_auth_off is not None:
-        return ("WARNING", f"Ray's token authentication is off (cluster.ray_auth_off: {c.ray_auth_off}): anyone who "
-                           "can reach a node can join the job's Ray cluster and run code as you, beside your W&B key")
+        return ("WARNING", ray_auth_warning(c))
     return ("ray", "token authentication: only the job's own processes join its Ray (a new token at each start, "
                    "0600 in the run directory); still open: Ray's metrics port (read-only), and the token and "
                    "Ray's traffic travel unencrypted (docs/security.md)")

@@ -46,6 +46,31 @@ _WANDB_ENV = {"WANDB_PROJECT": "wandb.project", "WANDB_NAME": "wandb.experiment"
               "WANDB_JOB_TYPE": "wandb.job_type"}
 
 
+def image_warnings(r) -> List[str]:
+    """What check warns of container.image: a path pyxis would misread, or one not here."""
+    image = r.container.image
+    if not image:
+        return []
+    if image.startswith("~"):
+        return [f"container.image {image}: pyxis does not expand ~, and would take it for a registry image: give "
+                "the squashfs's absolute path"]
+    if image.startswith(("/", ".")) and not os.path.exists(image):
+        return [f"container.image {image} does not exist here; if the nodes cannot see it either, the job fails at "
+                "its first step (verl-launch image import makes it)"]
+    return []
+
+
+def ray_auth_warning(c) -> str:
+    return (f"Ray's token authentication is off (cluster.ray_auth_off: {c.ray_auth_off}): anyone who can reach a "
+            "node can join the job's Ray cluster and run code as you, beside your W&B key")
+
+
+def recipe_warnings(r) -> List[str]:
+    """The warnings of the recipe's values alone: said beside its refusal too (one try shows
+    every problem), and by check's summary where it is not refused."""
+    return image_warnings(r) + ([ray_auth_warning(r.cluster)] if r.cluster.ray_auth_off is not None else [])
+
+
 def env_problems(k: str, v: str) -> List[str]:
     """Why NAME=VALUE cannot be in a recipe's `env` (none: it can). `import` asks the same of
     what a command line or Ray's runtime env sets."""

@@ -228,8 +228,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         else:
             from . import jobs as commands  # the job toolkit
         return _flushed(getattr(commands, f"cmd_{args.command}")(args))
-    except api.RecipeError as e:
-        return fail(f"error: {e}", api.EXIT_BAD_INPUT)
+    except api.RecipeError as e:  # every problem of one try: the refusal, then its warnings
+        said = [f"error: {e}", *(f"warning: {w}" for w in e.warnings)]
+        if e.unchecked:
+            said.append(f"not checked: {e.unchecked}")
+        return fail("\n".join(said), api.EXIT_BAD_INPUT)
     except api.SlurmError as e:
         return fail(f"error: {e}", api.EXIT_FAILED)
     except KeyboardInterrupt:

@@ -39,10 +39,23 @@ class Prepared:
         """Every refusal, as one error (None: submit would queue it)."""
         return one_error(self.missing + self.problems)
 
+    def refused(self) -> Optional[RecipeError]:
+        """The refusal, with what would be warned about after it (the recipe's, verl's keys', the
+        prior's) and what was not checked: one try shows every problem."""
+        from ..checks.fields import recipe_warnings
+
+        e = self.refusal
+        if e is None:
+            return None
+        unchecked = None if self.plan is not None else (
+            "what follows from the config verl resolves (the CPUs its actors hold, the experiment's checkpoints) "
+            "and Slurm's verdict (sbatch --test-only): they need the above fixed")
+        return e.with_warnings([*self.warnings, *recipe_warnings(self.recipe)], unchecked)
+
     def ready(self) -> "Prepared":
-        """Itself, if submit may go on; else every refusal, raised at once."""
+        """Itself, if submit may go on; else every refusal, raised at once, its warnings with it."""
         if self.refusal is not None:
-            raise self.refusal
+            raise self.refused()
         return self
 
 

@@ -23,7 +23,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..checks.fields import validate
+from ..checks.fields import recipe_warnings, validate
 from ..checks.values import check, verl_keys_warning
 from ..errors import Problems, RecipeError
 from ..base.overrides import apply_cli, flatten, hydra_value, verl_args
@@ -66,8 +66,18 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     """Compose ``path`` with ``overrides``, validate it, and return the typed recipe.
 
     ``${recipe_dir:}`` in a value is the recipe file's folder. ``verl.overrides.<key>=v`` sets verl key ``<key>`` whether the recipe writes it nested or
-    dotted, and ``env.<NAME>=v`` may add a variable: neither needs Hydra's ``+``.
+    dotted, and ``env.<NAME>=v`` may add a variable: neither needs Hydra's ``+``. A refusal
+    carries what was not checked because of it, and the warnings its values would still get.
     """
+    try:
+        return _load(path, overrides)
+    except RecipeError as e:
+        if getattr(e, "at_once", False):  # a secret's value: nothing more is said
+            raise
+        raise e.with_warnings([], UNCHECKED) from None
+
+
+def _load(path: str | os.PathLike, overrides: List[str]) -> Loaded:
     where = str(path)
     path = Path(path)
     if not path.is_file():
@@ -136,13 +146,17 @@ def load(path: str | os.PathLike, overrides: List[str] = ()) -> Loaded:
     keys = ""
     with problems.gather():
         keys = check(recipe, blame, warn=found.append)
-    problems.done()
     said = [verl_keys_warning(e, recipe.verl.entrypoint) for e in found]
+    refused = problems.error()
+    if refused is not None:  # its warnings after it: every problem in one try
+        raise refused.with_warnings(said + recipe_warnings(recipe))
     _say(said)
     return Loaded(recipe=recipe, config=merged, blame=blame, verl_keys=keys, warnings=said, verl_args=args)
 
 
 _SAID: set = set()
+UNCHECKED = ("verl's own checks, what the experiment starts from, and Slurm's verdict (sbatch --test-only): "
+             "they need the above fixed")
 
 
 def _say(lines: List[str]) -> None:
