@@ -3,7 +3,11 @@ over three attempts (requeued twice, a few steps redone), its files written as a
 (tests/synthetic_run.py: phases, verl's step lines in each attempt's driver log, the watchdog's
 step times). Target: under 1 s, reading only local files.
 
-- build_s: launcher.jobs.report.build over the run's files (what `report` itself computes);
+- build_s: launcher.jobs.report.build over the run's files (what `report` itself computes), read
+  whole (the first time);
+- again_s: the same again, with what the first read kept (jobs/step_lines.py): what each `status`
+  after the first pays for its goodput line, nothing new in the logs; grown_s: the same after the
+  last log gained a line of ~4 KB;
 - cli_s: `python -m launcher.cli report RUN --json` end to end, interpreter start included, with
   no Slurm on PATH (the report then says so and times each attempt by the job's marks);
 - log_mb: the driver logs' size (verl's step lines as on the sandbox, about 4.2 KB each there;
@@ -58,11 +62,22 @@ def main() -> None:
                 log.write_text(log.read_text().replace("\n(TaskRunner pid=42) some", PAD + "\n(TaskRunner pid=42) some"))
             size = sum(f.stat().st_size for f in (run / "logs").glob("driver.r*.log")) / 1e6
             paths = RunPaths(run)
-            builds, clis = [], []
-            for _ in range(args.repeat):
+            builds, agains, growns, clis = [], [], [], []
+            last = sorted(paths.logs.glob("driver.r*.log"))[-1]
+            for i in range(args.repeat):
+                for kept in paths.logs.glob("steps-read.r*.json"):  # a first read: the whole logs
+                    kept.unlink()
                 t0 = time.perf_counter()
                 rep = report.build(paths, paths.read_record(), allocs)
                 builds.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()  # status again, nothing new: what was read is kept
+                report.build(paths, paths.read_record(), allocs)
+                agains.append(time.perf_counter() - t0)
+                with open(last, "a") as f:  # status again, a step later (a validation line, as verl logs)
+                    f.write(f"(TaskRunner pid=42) validation {i}: nothing the report reads{PAD}\n")
+                t0 = time.perf_counter()
+                report.build(paths, paths.read_record(), allocs)
+                growns.append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 out = subprocess.run([sys.executable, "-m", "launcher.cli", "report", str(run), "--json"], env=env,
                                      capture_output=True, text=True, cwd=tmp)
@@ -71,6 +86,8 @@ def main() -> None:
             d = json.loads(out.stdout)
             assert d["steps_kept"] == n and rep.steps_kept == n, (d["steps_kept"], rep.steps_kept)
             print(json.dumps({"steps": n, "log_mb": round(size, 1), "build_s": round(statistics.median(builds), 3),
+                              "again_s": round(statistics.median(agains), 4),
+                              "grown_s": round(statistics.median(growns), 4),
                               "cli_s": round(statistics.median(clis), 3), "repeat": args.repeat}))
 
 

@@ -1,12 +1,16 @@
-"""`make demo-verl`: verl's own trainer on the sandbox (recipes/sandbox-verl.yaml): async-rollout
-GRPO with vLLM's CPU build on 2 nodes, Weave tracing to a loopback W&B stand-in on the sandbox's
-bridge (a throwaway key: your own never leaves for it), followed with `submit --wait`, then a
-short report read from verl's log, Ray's GCS and the stand-in. Exits with the job's verdict.
+"""`make demo-verl`: verl's own trainer on the sandbox (recipes/sandbox-tool-agent.yaml, on
+recipes/sandbox-verl.yaml): async-rollout GRPO with vLLM's CPU build on 2 nodes, the tool model
+calling a real calculator through verl's ToolAgentLoop beside the example agent loop, Weave
+tracing to a loopback W&B stand-in on the sandbox's bridge (a throwaway key: your own never
+leaves for it), followed with `submit --wait`, then a short report read from verl's log, Ray's
+GCS and the stand-in, and a tool-calling trajectory read back as a user would open it first
+(the prompt, the call, the tool's result, the answer, the reward). Exits with the job's verdict.
 Each run is a new experiment (demo-<time>), so it starts fresh instead of resuming the last."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import subprocess
@@ -15,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from verl_train import BRIDGE, NODE_IP, train  # noqa: E402
+from verl_train import BRIDGE, NODE_IP, ROOT, train  # noqa: E402
 from wandb_standin import StandIn  # noqa: E402
 
 
@@ -61,7 +65,7 @@ def main(argv=None) -> int:
     experiment = time.strftime("demo-%Y%m%d-%H%M%S")
     with StandIn(host=BRIDGE, api_key=env["WANDB_API_KEY"]) as w:  # up after the job: `traces` reads it
         job = train(node_python=args.node_python, runs=Path(args.runs), env=env, echo=True, standin=w, watch_gcs=True,
-                    overrides=[f"wandb.experiment={experiment}", *args.overrides])
+                    recipe=RECIPE, overrides=[f"wandb.experiment={experiment}", *args.overrides])
         sys.stderr.write(job.err[-3000:] if job.returncode else "")
         if job.run_dir is None:
             print("no run directory: submit failed (see above)", file=sys.stderr)
@@ -73,18 +77,30 @@ def main(argv=None) -> int:
     return job.returncode
 
 
+RECIPE = ROOT / "recipes" / "sandbox-tool-agent.yaml"  # the suite's traced run (tests/traced_run.py) runs it too
+TOOL_LOOP = "ToolAgentLoop.run"
+
+
 def show_traces(job, env) -> None:
-    """The trajectories read back as a user would: the list, one shown, two steps compared."""
-    def cli(*args):
-        print(f"--- verl-launch traces {' '.join(args)}", flush=True)
-        subprocess.run([sys.executable, "-m", "launcher.cli", "traces", job.job_id, *args], env=env,
-                       cwd=Path(__file__).resolve().parent.parent, stdin=subprocess.DEVNULL)
+    """The trajectories read back as a user would: the list, then the story the demo is for: a
+    trajectory in which the model called the calculator (the prompt, the call, the tool's result,
+    the answer, the reward), and the first step's against the last step's."""
+    def cli(*args, echo=True):
+        if echo:
+            print(f"--- verl-launch traces {' '.join(args)}", flush=True)
+        return subprocess.run([sys.executable, "-m", "launcher.cli", "traces", job.job_id, *args], env=env, cwd=ROOT,
+                              stdin=subprocess.DEVNULL, capture_output=not echo, text=True)
 
     cli("--limit", "6")
-    first = min(job.trajectories, key=lambda c: c.get("started_at") or "")
-    cli("--show", first["id"])
-    last = max(job.trajectories, key=lambda c: c.get("started_at") or "")
-    cli("--compare", first["id"], last["id"])  # the first step's first against the last step's last
+    rows = [json.loads(x) for x in cli("--json", echo=False).stdout.splitlines() if x.startswith("{")]
+    called = sorted((t for t in rows if t.get("op") == TOOL_LOOP and t.get("tool_calls")),
+                    key=lambda t: (t.get("step") or 0, t.get("sample_index") or 0, t.get("rollout_n") or 0))
+    picked = called or sorted(rows, key=lambda t: t.get("step") or 0)  # no call traced: what there is
+    if not picked:
+        return
+    cli("--show", picked[0]["call_id"])
+    if picked[-1]["call_id"] != picked[0]["call_id"]:
+        cli("--compare", picked[0]["call_id"], picked[-1]["call_id"])  # the first step's against the last's
 
 
 if __name__ == "__main__":

@@ -40,6 +40,16 @@ def test_list_status_logs_and_cancel(cli, sandbox, env, tmp_path):
     st = json.loads(cli("status", a["job_id"], "--json", env=env).stdout)
     assert st["state"] == "COMPLETED" and st["exit_code"] == "0:0" and st["phase"] == "teardown"
     assert st["links"]["traces"] == "https://wandb.ai/team/verl-launch-demo/weave/traces"
+    # one status asks Slurm once: its state and the goodput line share one scontrol (the job's only
+    # attempt, which the controller still knows: accounting is not asked); b is still running
+    counted, calls = _counting_path(tmp_path, env)
+    for job in (a["job_id"], b["job_id"]):
+        calls.write_text("")
+        shown = cli("status", job, env=counted)
+        assert shown.returncode == 0 and "goodput    not known" not in shown.stdout, shown.stdout
+        assert job == b["job_id"] or re.search(r"^goodput +\d+% of [\d,]+ node-s allocated", shown.stdout, re.M), \
+            shown.stdout
+        assert calls.read_text().split() == ["scontrol"], (job, calls.read_text())
     assert json.loads(cli("status", a["run_dir"], "--json", env=env).stdout)["job_id"] == a["job_id"]
     driver = cli("logs", a["job_id"], "--driver", env=env)
     assert "verl-launch sandbox demo" in driver.stdout

@@ -265,3 +265,47 @@ def test_a_running_attempts_step_in_progress_is_training_not_lost(tmp_path):
     # each step's own rest, and the step in progress: from step 2 (seen 1 s late) to now
     assert a.training["rest"] == pytest.approx(2 * REST + 9.0 - 0.1 - 1.0, abs=0.01), a.training
     assert any("is running" in g for g in rep.gaps), rep.gaps
+
+
+def test_a_log_is_read_once_and_then_only_what_it_gained(tmp_path, monkeypatch):
+    """status's goodput line reads the driver log at every call: what was read is kept beside it,
+    and the next read parses only the bytes the log gained, from its last step line (whose rest Ray
+    may still be writing) on; the steps are those a whole read finds, however the writes fell."""
+    from launcher.jobs import step_lines
+    from synthetic_run import step_line
+
+    log, kept = tmp_path / "driver.r0.log", tmp_path / "steps-read.r0.json"
+    parsed = []
+    real = step_lines._parse
+    monkeypatch.setattr(step_lines, "_parse", lambda data: parsed.append(len(data)) or real(data))
+    text = "".join(step_line(n)[0] + "(TaskRunner pid=42) Training Progress: step done\n" for n in range(1, 201))
+    cut = text.index("timing_s/old_log_prob", len(text) // 2)
+    log.write_text(text[:cut])  # a step line half written: its rest comes later
+    first = step_lines.read_steps(log, kept)
+    with open(log, "a") as f:
+        f.write(text[cut:] + step_line(201)[0])
+    again = step_lines.read_steps(log, kept)
+    whole = step_lines.read_steps(log)
+    assert [s.step for s in again] == list(range(1, 202)) and again == whole
+    assert first[-1].step < again[-1].step
+    assert parsed[1] < len(text) - cut + 2 * len(step_line(201)[0]), parsed  # only what it gained, roughly
+    # nothing new: only the last step line is read again
+    assert step_lines.read_steps(log, kept) == whole and parsed[-1] <= len(step_line(201)[0]) + 1, parsed
+    # replaced (a rotated log, or an edit): read from its start, never the old steps
+    log.write_text(step_line(7)[0])
+    assert [s.step for s in step_lines.read_steps(log, kept)] == [7]
+    # cut shorter: read again too
+    log.write_text(step_line(7)[0][:20])
+    assert step_lines.read_steps(log, kept) == []
+    # a record that cannot be written (another user's run): still read, whole
+    assert [s.step for s in step_lines.read_steps(log.parent / "driver.r0.log", tmp_path / "no" / "x.json")] == []
+
+
+def test_the_report_keeps_what_it_read_beside_each_attempts_log(tmp_path):
+    write_run(tmp_path / "run", PLAN)
+    paths = RunPaths(tmp_path / "run")
+    first = report.build(paths, paths.read_record(), None).to_dict()
+    kept = sorted(p.name for p in paths.logs.glob("steps-read.r*.json"))
+    assert kept == [f"steps-read.r{r}.json" for r in range(len(PLAN))], kept
+    assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in paths.logs.glob("steps-read.r*.json"))
+    assert report.build(paths, paths.read_record(), None).to_dict() == first  # read from what was kept

@@ -39,7 +39,15 @@ class Watcher:
         return self._ask(("job", job_id), lambda: slurm.job_info(job_id))
 
     def states(self, runs: List[dict]) -> dict:
-        return self._ask(("states", tuple(r["run_dir"] for r in runs)), lambda: slurm.states(runs))
+        return self._ask(("states", tuple(r["run_dir"] for r in runs)), lambda: slurm.states(runs, ask=self))
+
+    def controller(self) -> dict:
+        """Every job slurmctld remembers (one scontrol): states and allocations share it."""
+        return self._ask(("controller",), slurm.Direct.controller)
+
+    def accounting(self, job_ids: List[str]) -> dict:
+        """Accounting's records of JOB_IDS (one sacct): states and allocations share it."""
+        return self._ask(("accounting", tuple(job_ids)), lambda: slurm.Direct.accounting(list(job_ids)))
 
 
 WATCHER = Watcher()
@@ -131,7 +139,7 @@ class SlurmBackend:
 
     def allocations(self, run: dict) -> Optional[List[dict]]:
         """Each attempt's allocation (start, end, nodes, submit), from Slurm's records."""
-        return slurm.allocations(run)
+        return slurm.allocations(run, ask=WATCHER)
 
     def cancel(self, run: dict) -> None:
         slurm.cancel(run["job_id"])

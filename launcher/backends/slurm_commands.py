@@ -243,12 +243,29 @@ def _accounting(job_ids: List[str]) -> dict:
     return out
 
 
-def states(runs: List[dict]) -> dict:
+class Direct:
+    """Slurm's two questions, asked each time; the backend's watcher asks each once a moment
+    (backends/slurm.Watcher), so that `status` (the state, then the goodput line) asks once."""
+
+    @staticmethod
+    def controller() -> dict:
+        return _controller_jobs()
+
+    @staticmethod
+    def accounting(job_ids: List[str]) -> dict:
+        return _accounting(job_ids)
+
+
+def _by_number(ids) -> List[str]:
+    return sorted(set(ids), key=lambda i: [int(x) for x in i.split("_")])
+
+
+def states(runs: List[dict], ask=Direct) -> dict:
     """Slurm's view of registered runs, keyed by run directory, in a bounded number of Slurm
     calls (one scontrol, then one sacct per 300 ended jobs). A job is matched by its working
     directory, the run's own directory, so a job id that Slurm reused for another job does not
     make an old run report the new job's state."""
-    ctl = _controller_jobs()
+    ctl = ask.controller()
     out, rest = {}, []
     for run in runs:
         info = ctl.get(run["job_id"])
@@ -257,8 +274,7 @@ def states(runs: List[dict]) -> dict:
         else:
             rest.append(run)
     if rest:
-        ids = {i for r in rest for i in _ids(r)}
-        acc = _accounting(sorted(ids, key=lambda i: [int(x) for x in i.split("_")]))
+        acc = ask.accounting(_by_number(i for r in rest for i in _ids(r)))
         for run in rest:
             # The last record of this run's own; sacct lists a requeued job's runs in order.
             own = [info for i in _ids(run) for info in acc.get(i, []) if _mine(run, info)]
@@ -280,18 +296,22 @@ def _mine(run: dict, info: Optional[dict]) -> bool:
         and int(created) - 1 <= t <= submitted + 2
 
 
-def allocations(run: dict) -> List[dict]:
+def allocations(run: dict, ask=Direct) -> List[dict]:
     """Each start of the run's job, in order (a requeued job's attempts): {start, end, nodes,
     submit} in epoch seconds, from accounting (every attempt that ended) and the controller (the
-    one running now: its end is now). [] where Slurm keeps no record of it."""
+    one running now: its end is now). [] where Slurm keeps no record of it. Accounting is not
+    asked when the controller knows the job's only attempt."""
     out = []
-    for i in _ids(run):
-        for info in _accounting([i]).get(i, []):
+    now = ask.controller().get(run["job_id"])
+    first = _mine(run, now) and str(now.get("restarts")) == "0"
+    ids = [] if first else _by_number(_ids(run))
+    acc = ask.accounting(ids) if ids else {}
+    for i in ids:
+        for info in acc.get(i, []):
             start, end = slurm_time(info.get("start")), slurm_time(info.get("end"))
             if _mine(run, info) and start and end and end >= start:
                 out.append({"start": start, "end": end, "nodes": int(info.get("num_nodes") or 0) or None,
                             "submit": slurm_time(info.get("submit"))})
-    now = _controller_jobs().get(run["job_id"])
     start = slurm_time(now.get("start")) if now and _mine(run, now) and now["state"] != "PENDING" else None
     if start and not any(abs(a["start"] - start) < 1 for a in out):
         end = slurm_time(now.get("end")) if ended(now) else time.time()

@@ -39,6 +39,8 @@ class RunPaths:
     DRIVER_LOG = "driver.r{restart}.log"  # verl's driver output (also in the job's output)
     RAY_STATE = "ray-state.r{restart}.json"  # the watchdog's what-runs-where (templates/watch_ray.py)
     STEPS = "steps.r{restart}.jsonl"  # the watchdog's {"step", "time"}: when each of verl's steps was first seen
+    # What `report` and `status` read of the driver log's step lines, and up to where (jobs/step_lines.py)
+    STEPS_READ = "steps-read.r{restart}.json"
     VERDICT = "verdict.r{restart}.txt"  # the watchdog's "PHASE<TAB>NODE<TAB>WHY" that ends the driver
     ENGINE_DIED = "engine-died.r{restart}.txt"  # the watchdog's "NODE<TAB>vLLM's line": an engine died
     LOST_NODES = "lost-nodes.r{restart}.txt"  # the watchdog's nodes Ray lost while the driver ran
@@ -61,7 +63,8 @@ class RunPaths:
     # in this folder of the run directory, put on their PYTHONPATH.
     PYTHON_DIR = ".python"
     PER_RESTART = (HEAD_LOG, WORKER_LOG, WORKERS_SRUN, DRIVER_LOG, RAY_STATE, VERDICT, ENGINE_DIED,
-                   LOST_NODES, CHECK_TOKEN, WANDB_EXIT, WANDB_LOG, RAY_TOKEN, TRACE_FLUSH, STEPS, DEATHS, LAST_WORDS)
+                   LOST_NODES, CHECK_TOKEN, WANDB_EXIT, WANDB_LOG, RAY_TOKEN, TRACE_FLUSH, STEPS, DEATHS, LAST_WORDS,
+                   STEPS_READ)
     RUN_DIR_FILES = (STDOUT, CHECK_TOKEN, RAY_TOKEN)  # in the run directory itself, not under LOGS
     # What the job script calls each field (templates/job/prologue.sh.j2 sets them).
     JOB_FIELDS = (("restart", "$RESTART"), ("job", "$JOB_ID"))

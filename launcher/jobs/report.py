@@ -15,39 +15,19 @@ cannot account (a missing or truncated file) is named in `gaps`, never guessed s
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from ..core.paths import RunPaths
+from .step_lines import TRAINING, Step, read_steps  # verl's step lines in the driver logs
 
 # The parts, in the order a run spends them; "lost" is work done and not kept.
 PARTS = ("bring-up", "checks", "verl-start", "training", "validation", "checkpoint", "lost", "verl-end",
          "teardown", "unaccounted")
-TRAINING = ("generation", "update", "log-prob", "weight-sync", "rest")  # a kept step, by verl's timings
-# verl's timing keys for each part of a step (legacy and V1 trainers; a missing key is 0)
-TIMINGS = {"generation": ("gen",), "update": ("update_actor", "update_critic"),
-           "log-prob": ("old_log_prob", "ref", "values"), "weight-sync": ("update_weights", "sync_weights"),
-           "validation": ("testing",), "checkpoint": ("save_checkpoint",)}
 CHECKS = ("inputs-check", "resume-check", "wandb-check")  # each lasts until the next mark
 RAY_MARKS = ("head-up", "workers-up", "ready")
 DRIVER_ENDS = ("driver-end", "driver-error", "preempt", "hang", "ray-lost", "teardown")
-_STEP = re.compile(r"(?<![\w/])step:(\d+) - ([^\n]*)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_RAY_PREFIX = re.compile(r"\((?:[\w.]+ )?pid=\d+[^)]*\) ")  # "(TaskRunner pid=12, ip=10.0.0.2) "
-_CONTINUED = re.compile(r"^[\w/.\-]*:")
-_NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-
-
-@dataclass
-class Step:
-    step: int
-    seconds: float  # verl's timing_s/step and the validation after it (timing_s/testing): the step's wall time
-    parts: Dict[str, float]  # TRAINING + validation, checkpoint: seconds
-    tokens: Optional[float] = None  # perf/total_num_tokens
-    end: Optional[float] = None  # when it ended (the watchdog's record), epoch seconds
-    kept: bool = True
 
 
 @dataclass
@@ -150,56 +130,6 @@ class Report:
 
 
 # ----------------------------------------------------------------------------- reading a run's files
-def read_steps(log: Path) -> List[Step]:
-    """verl's step lines (the console logger's `step:N - key:value - ...`), the last of each step.
-    Ray's log streaming may cut a long line: the rest follows on lines of `key:value - ...` alone,
-    and another process's output (tqdm's progress bar, with its Ray prefix) may break in at the cut."""
-    by: Dict[int, Step] = {}
-    # bytes: read_text would take the "\r" of tqdm's bar for line ends
-    lines = _ANSI.sub("", log.read_bytes().decode(errors="replace")).split("\n")
-    for i, line in enumerate(lines):
-        m = _STEP.search(line)
-        if not m:
-            continue
-        body = m.group(2)
-        foreign = _RAY_PREFIX.search(body)  # another process's output broke into the line (tqdm's bar)
-        if foreign:
-            body = body[:foreign.start()]
-        for rest in lines[i + 1:]:
-            if not _continues(rest):
-                break
-            body += rest
-        metrics = {}
-        for pair in body.split(" - "):
-            key, _, value = pair.partition(":")
-            num = _NUM.search(value.split("(", 1)[-1])
-            if num:
-                metrics[key.strip()] = float(num.group())
-        timer = metrics.get("timing_s/step", metrics.get("perf/time_per_step"))
-        if timer is None:
-            continue
-        t = {k: sum(metrics.get(f"timing_s/{n}", 0.0) for n in names) for k, names in TIMINGS.items()}
-        # verl's step timer holds the save, not the validation after it (both trainers, 0.9)
-        inside = sum(v for k, v in t.items() if k != "validation")
-        parts = {k: t[k] for k in TRAINING if k in t}
-        parts.update(rest=max(timer - inside, 0.0), validation=t["validation"], checkpoint=t["checkpoint"])
-        by[int(m.group(1))] = Step(int(m.group(1)), timer + t["validation"], parts, metrics.get("perf/total_num_tokens"))
-    return [by[s] for s in sorted(by)]
-
-
-def _continues(rest: str) -> bool:
-    """Whether REST is the rest of a step line that Ray cut, wherever the cut fell: in a key, a value
-    (`426 - timing_s/...`, `(10.5) - ...`), the ` - ` between, or the last value (no space at all);
-    never another process's line (Ray's prefix) nor the driver's own words."""
-    if not rest or _RAY_PREFIX.match(rest):
-        return False
-    r = rest.lstrip(" -")
-    head, sep, tail = r.partition(" - ")
-    if not sep:
-        return bool(r) and " " not in r.strip()  # the tail of the line's last value
-    return " " not in head and bool(_CONTINUED.match(tail))
-
-
 def _jsonl(path: Path, gaps: List[str], what: str, fields: Dict[str, type]) -> List[dict]:
     """The JSON objects of PATH's lines whose FIELDS have those types (an int is a float's too);
     the others are counted in GAPS."""
@@ -290,7 +220,7 @@ def _attempt(paths: RunPaths, r: int, marks: list, alloc: Optional[dict], nodes:
     log = paths.driver_log(r)
     if any(n == "driver-start" for n, _, _ in marks):
         if log.exists():
-            a.steps = read_steps(log)
+            a.steps = read_steps(log, paths.file(RunPaths.STEPS_READ, restart=r))
         else:
             gaps.append(f"attempt {r}: verl's log {log} is missing: its steps are not accounted")
     ends = [(n, t, d) for n, t, d in marks if n in DRIVER_ENDS and t >= _at(marks, "driver-start", 0)]
