@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
 
 RECIPE = ROOT / "recipes" / "sandbox-tool-agent.yaml"  # the suite's traced run (tests/traced_run.py) runs it too
-TOOL_LOOP = "ToolAgentLoop.run"
+TOOL_LOOP, EXAMPLE_LOOP = "ToolAgentLoop.run", "CheckedAgentLoop.run"
 
 
 def show_traces(job, env) -> None:
@@ -101,6 +101,10 @@ def show_traces(job, env) -> None:
     cli("--show", picked[0]["call_id"])
     if picked[-1]["call_id"] != picked[0]["call_id"]:
         cli("--compare", picked[0]["call_id"], picked[-1]["call_id"])  # the first step's against the last's
+    # verl scores a ToolAgentLoop trajectory after the loop: the example loop's own op carries its reward
+    scored = [t for t in rows if t.get("op") == EXAMPLE_LOOP and t.get("reward") is not None]
+    if scored:
+        cli("--show", scored[0]["call_id"])
 
 
 if __name__ == "__main__":
