@@ -26,10 +26,12 @@ class RecipeError(Exception):
         super().__init__(str(self))
 
     def with_warnings(self, warnings, unchecked: str | None = None) -> "RecipeError":
-        """Itself, with WARNINGS (each once, in order) and what was UNCHECKED added."""
+        """Itself, with WARNINGS (each once, in order, none an error already says: --resume
+        refuses what check only warns of) and what was UNCHECKED added."""
+        said = [e.message for e in self.each]
         for w in warnings:
             w = w[len("warning: "):] if w.startswith("warning: ") else w  # said once, as the CLI labels it
-            if w not in self.warnings:
+            if w not in self.warnings and not any(w in m for m in said):
                 self.warnings.append(w)
         self.unchecked = unchecked or self.unchecked
         return self

@@ -60,3 +60,26 @@ def test_the_batched_paths_give_the_one_jobs_shape(monkeypatch):
         [("REQUEUED", "0", "2", "debug"), ("COMPLETED", "1", "2", "debug")]
     assert acc["16_2"][0]["reason"] == "Priority" and acc["15"][0]["reason"] is None
     assert ctl["13"]["restarts"] == "2" and ctl["12"]["reason"] == "PartitionNodeLimit"
+
+
+def test_the_watcher_forgets_what_it_kept_once_a_job_is_submitted_or_cancelled(monkeypatch):
+    """The watcher keeps one controller list a second for every question (status's state and its
+    goodput line). A list kept from before an sbatch lacks the new job: its state read UNKNOWN
+    where the job was PENDING (test_api's held job, CI)."""
+    from types import SimpleNamespace
+
+    from launcher.backends import slurm as backend
+
+    queue = [PENDING]
+    monkeypatch.setattr(slurm, "_run", lambda cmd, timeout_ok=False: subprocess.CompletedProcess(
+        cmd, 0, "\n".join(queue), ""))
+    monkeypatch.setattr(slurm, "sbatch", lambda command, cwd, environ=None: queue.append(REQUEUED) or "13")
+    monkeypatch.setattr(slurm, "cancel", lambda job_id: queue.pop())
+    watcher = backend.Watcher(min_interval=3600)
+    monkeypatch.setattr(backend, "WATCHER", watcher)
+    assert set(watcher.controller()) == {"12"}
+    assert set(watcher.controller()) == {"12"}  # kept: asked once
+    job = backend.SlurmBackend()._sbatch(SimpleNamespace(command=["sbatch"], directory=Path("/")), {})
+    assert job == "13" and set(watcher.controller()) == {"12", "13"}
+    backend.SlurmBackend().cancel({"job_id": "13"})
+    assert set(watcher.controller()) == {"12"}

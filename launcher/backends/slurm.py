@@ -125,14 +125,22 @@ class SlurmBackend:
             with _undone(req.directory):
                 for point in req.points:
                     point.paths.create(point.script, point.recipe_yaml)
-                job_id = slurm.sbatch(req.command, req.directory, environ)
+                job_id = self._sbatch(req, environ)
             for point in req.points:
                 point.register(f"{job_id}_{point.meta['index']}", array_job_id=job_id, cluster=cluster)
             return req.register(job_id, cluster=cluster)
         req.paths.create(req.script, req.recipe_yaml)
         with _undone(req.directory):
-            job_id = slurm.sbatch(req.command, req.directory, environ)
+            job_id = self._sbatch(req, environ)
         return req.register(job_id, cluster=cluster)
+
+    def _sbatch(self, req, environ) -> str:
+        """sbatch, then the watcher forgets: a controller list it kept from before would not
+        hold the new job, and its state would read UNKNOWN."""
+        try:
+            return slurm.sbatch(req.command, req.directory, environ)
+        finally:
+            WATCHER.forget()
 
     def states(self, runs: List[dict]) -> dict:
         return WATCHER.states(runs) if runs else {}
