@@ -67,7 +67,9 @@ test: system-deps
 	  -m "not sandbox and not train and not verl" || rc=1; \
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=15 -m "(verl or train) and not sandbox" || rc=1; \
 	wait $$early; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "(sandbox and not accounting) or jobcomp" || rc=1; \
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadscope --durations=5 \
+	  -m "sandbox_shared and ((sandbox and not accounting) or jobcomp)" || rc=1; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "((sandbox and not accounting) or jobcomp) and not sandbox_shared" || rc=1; \
 	SANDBOX_ACCOUNTING=dbd $(PY) -m pytest -q -p no:cacheprovider --durations=5 -m accounting || rc=1; \
 	exit $$rc
 

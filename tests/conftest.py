@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -230,10 +231,26 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(marker)
         if item.get_closest_marker("sandbox") or item.get_closest_marker("train"):
             item.add_marker(pytest.mark.xdist_group(HEAVY_GROUP))
+        if item.get_closest_marker("sandbox_shared"):
+            _may_share(item)
     # The training tests that use no Slurm (the V1 local run: about 170 s) first: xdist hands out
     # tests in this order, and the V1 run, last in the alphabet, had been the verl tier's tail
     # (one worker training for its last 3 minutes, the other done).
     items.sort(key=lambda item: not (item.get_closest_marker("train") and not item.get_closest_marker("sandbox")))
+
+
+# What a test may not use to run beside another in make test's shared pass (docs/testing.md):
+# a training run wants every CPU, and these fixtures' jobs name nodes or change them.
+_NEVER_SHARED = {"traced", "node_python", "smoke_assets"}
+
+
+def _may_share(item) -> None:
+    if not item.get_closest_marker("sandbox"):
+        raise pytest.UsageError(f"{item.nodeid}: sandbox_shared on a test that uses no sandbox")
+    used = _NEVER_SHARED & set(getattr(item, "fixturenames", ()))
+    if used or item.get_closest_marker("train"):
+        raise pytest.UsageError(f"{item.nodeid}: sandbox_shared on a training test ({', '.join(sorted(used)) or 'train'}):"
+                                " it runs alone (docs/testing.md, the shared pass)")
 
 
 _SANDBOX_SEEN = []
@@ -261,8 +278,12 @@ def traced(node_python, smoke_assets, wandb_key, tmp_path_factory):
 def _sandbox_up() -> "Sandbox":
     if os.geteuid() != 0:
         pytest.skip("the Slurm sandbox needs root (network namespaces, slurmd)")
-    proc = subprocess.run(["bash", str(SANDBOX_UP)], capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL)
+    # One at a time: make test's shared pass runs two workers, and two sandbox-up.sh started
+    # together would each bring the sandbox up (or down, finding it unhealthy) under the other.
+    with open("/tmp/verl-launch-sandbox-up.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["bash", str(SANDBOX_UP)], capture_output=True, text=True, timeout=600,
+                              stdin=subprocess.DEVNULL)
     if proc.returncode != 0:
         pytest.fail(f"sandbox-up failed:\n{proc.stderr[-3000:]}")
     if _SANDBOX_SEEN and "reusing it" not in proc.stderr:

@@ -110,6 +110,7 @@ def test_every_refusal_of_the_pipeline_is_said_at_once(cli, api_env, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.sandbox_shared
 def test_submit_wait_status_logs_and_the_run_by_cluster_and_id(cli, on_sandbox):
     environ, ov = on_sandbox
     req = launcher.dryrun(str(DEMO), ov + ["cluster.nodes=1"], environ=environ)
@@ -140,6 +141,7 @@ def test_submit_wait_status_logs_and_the_run_by_cluster_and_id(cli, on_sandbox):
     assert listed[0]["job_id"] == run.job_id and listed[0]["state"] == "COMPLETED" and listed.note is None
 
 
+@pytest.mark.sandbox_shared
 def test_cancel_ends_a_queued_job_and_records_it(on_sandbox, sandbox):
     environ, ov = on_sandbox
     run = launcher.submit(str(DEMO), ov + ["cluster.nodes=1", "cluster.sbatch_args=[--hold]"], environ=environ)

@@ -92,6 +92,7 @@ def test_a_killed_worker_node_is_excluded_and_the_job_resumes_elsewhere(cli, san
     assert any(line.split()[0] == job and "COMPLETED r1" in line for line in listed.splitlines()), listed
 
 
+@pytest.mark.sandbox_shared
 def test_the_drivers_own_error_is_not_requeued(cli, sandbox, env, tmp_path):
     info = _submit(cli, sandbox, env, tmp_path, "+verl.overrides.demo.exit_code=3")
     assert sandbox.wait(info["job_id"]) == "FAILED"

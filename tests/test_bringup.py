@@ -149,6 +149,7 @@ def test_a_job_pending_on_a_drained_node_is_waited_for(cli, sandbox, clean_env, 
     assert "COMPLETED" in out.strip().splitlines()[-1], out
 
 
+@pytest.mark.sandbox_shared
 def test_missing_network_interface_fails_fast(cli, sandbox, clean_env, tmp_path):
     info = submit(cli, sandbox, clean_env, tmp_path, "cluster.network_interface=nope0")
     assert sandbox.wait(info["job_id"], timeout=60) == "FAILED"

@@ -119,6 +119,7 @@ def test_an_odd_registry_is_read_around_and_an_old_record_still_counts_as_a_w_an
     assert "Traceback" not in listed.stderr, listed.stderr
 
 
+@pytest.mark.sandbox_shared
 def test_slurm_answers_the_partitions_size_and_when_the_job_would_start(cli, sandbox, clean_env, tmp_path):
     env = sandbox.env(clean_env)
     proc, got = _check(cli, env, tmp_path)
@@ -140,6 +141,7 @@ def test_slurm_answers_the_partitions_size_and_when_the_job_would_start(cli, san
     assert got["WARNING"][0] == "cluster.partition: Slurm has no partition '-a'", got
 
 
+@pytest.mark.sandbox_shared
 def test_fresh_refuses_an_experiment_an_earlier_run_logged_to_w_and_b(cli, sandbox, clean_env, tmp_path):
     env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
     base = ("submit", DEMO, f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}")

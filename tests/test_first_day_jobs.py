@@ -84,6 +84,7 @@ def test_follow_the_driver_at_once_and_progress_after_the_end(cli, sandbox, env,
     assert "STEP" in table[0]
 
 
+@pytest.mark.sandbox_shared
 def test_wait_stops_for_a_job_that_can_never_start_and_leaves_it_queued(cli, sandbox, env, tmp_path, monkeypatch):
     proc = _submit(cli, env, tmp_path, "cluster.nodes=8", "wandb.entity=team", wait=True)  # the sandbox has 4
     job = re.search(r"^Submitted batch job (\d+)$", proc.stdout, re.M).group(1)
@@ -112,6 +113,7 @@ def test_wait_stops_for_a_job_that_can_never_start_and_leaves_it_queued(cli, san
         assert cli("cancel", job, env=env, timeout=180).returncode == 0
 
 
+@pytest.mark.sandbox_shared
 def test_ctrl_c_on_wait_for_a_queued_job_says_it_stays_queued(sandbox, env, tmp_path):
     cmd = [sys.executable, "-m", "launcher.cli", "submit", str(DEMO), f"runtime.python={sys.executable}",
            f"paths.runs={tmp_path / 'runs'}", "cluster.sbatch_args=['--begin=now+3600']", "--wait"]

@@ -69,6 +69,7 @@ def test_list_status_logs_and_cancel(cli, sandbox, env, tmp_path):
     assert unknown.returncode == 2 and "no run" in unknown.stderr
 
 
+@pytest.mark.sandbox_shared
 def test_submit_wait_reports_the_end_and_exit_code(cli, sandbox, env, tmp_path):
     proc = cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
                f"paths.runs={tmp_path / 'runs'}", "verl.overrides.demo.exit_code=4", "--wait", env=env, timeout=240)
@@ -105,6 +106,7 @@ def test_status_of_200_runs_takes_a_bounded_number_of_queries(cli, sandbox, env,
     assert len(calls) <= 3, calls  # one scontrol, one sacct (and its job-completion fallback)
 
 
+@pytest.mark.sandbox_shared
 @pytest.mark.accounting  # the older run's job is not the controller's: sacct answers
 @pytest.mark.jobcomp  # and without slurmdbd, Slurm's job-completion log (sacct -c)
 def test_reused_job_id_does_not_report_another_jobs_state(cli, sandbox, env, tmp_path, monkeypatch):

@@ -95,6 +95,7 @@ def test_time_limit_signal_tears_down_and_requeues_itself(cli, sandbox, clean_en
         sandbox.wait(job)
 
 
+@pytest.mark.sandbox_shared
 def test_a_requeue_that_would_start_over_stops_before_ray_and_the_way_out_resumes(cli, sandbox, clean_env, tmp_path):
     """A checkpoint the job saved without verl's tracker (async_save, verl#7952): the requeued run
     stops in its resume check, before Ray, naming it and the way out; a resubmit with that way out

@@ -42,8 +42,9 @@ def demo_job(sandbox, wandb_key, tmp_path_factory):
     return info, state, scontrol
 
 
-def test_two_node_job_completes_with_ray_on_both_nodes(demo_job, wandb_key):
-    info, state, _ = demo_job
+@pytest.mark.sandbox_shared
+def test_two_node_job_completes_with_ray_on_both_nodes(demo_job, wandb_key, sandbox):
+    info, state, scontrol = demo_job
     out = Path(info["stdout"]).read_text()
     assert state == "COMPLETED", out
     # a clean end reads clean: Ray's steps stopped, not killed (no srun errors, no CANCELLED)
@@ -52,11 +53,14 @@ def test_two_node_job_completes_with_ray_on_both_nodes(demo_job, wandb_key):
     assert not workers.exists() or "error" not in workers.read_text(), workers.read_text()
     report = json.loads((Path(info["run_dir"]) / "demo-report.r0.json").read_text())
     hosts = [n["hostname"] for n in report["nodes"]]
-    assert hosts == ["node1", "node2"], report["nodes"]
+    # the nodes Slurm gave the job, the head first (it may share them with another test's job)
+    nodelist = re.search(r"\bNodeList=(\S+)", scontrol).group(1)
+    given = sandbox.run("scontrol", "show", "hostnames", nodelist).stdout.split()
+    assert len(given) == 2 and hosts == given, (report["nodes"], given)
     ips = {n["ip"] for n in report["nodes"]}
     assert len(ips) == 2 and not any(ip.startswith("127.") for ip in ips)
     assert report["cluster_gpus"] == 4  # 2 nodes x gpus_per_node 2
-    assert sorted({h for h, _ in report["gpu_tasks"]}) == ["node1", "node2"]
+    assert sorted({h for h, _ in report["gpu_tasks"]}) == sorted(given)
     # The entrypoint got the derived overrides in its argv, parsed by Hydra's own parser.
     ov = report["overrides"]
     assert ov["trainer.nnodes"] == 2 and ov["trainer.n_gpus_per_node"] == 2
@@ -79,6 +83,7 @@ def test_two_node_job_completes_with_ray_on_both_nodes(demo_job, wandb_key):
                       "teardown"]
 
 
+@pytest.mark.sandbox_shared
 def test_key_is_nowhere_on_disk_or_in_slurm(demo_job, wandb_key):
     info, _, scontrol = demo_job
     assert scontrol and wandb_key not in scontrol
@@ -106,6 +111,7 @@ def test_failing_entrypoint_fails_the_job_with_its_exit_code_and_keeps_each_node
     assert not job_processes(info["job_id"])
 
 
+@pytest.mark.sandbox_shared
 def test_a_failing_driver_is_named_in_one_line_without_the_key(cli, sandbox, clean_env, tmp_path, wandb_key):
     env = dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state"))
     info = _submit(cli, sandbox, env, tmp_path, "+verl.overrides.demo.raise_with_env=WANDB_API_KEY")
@@ -119,6 +125,7 @@ def test_a_failing_driver_is_named_in_one_line_without_the_key(cli, sandbox, cle
     assert wandb_key not in st.stdout + Path(info["phases"]).read_text()
 
 
+@pytest.mark.sandbox_shared
 def test_key_from_a_file_read_inside_the_job(demo_job, wandb_key):
     info, state, _ = demo_job
     assert state == "COMPLETED", Path(info["stdout"]).read_text()
@@ -146,6 +153,7 @@ def test_a_ray_token_gone_before_ray_starts_fails_the_job_at_once_naming_it(cli,
     assert not Path(token).exists()  # the teardown removed it
 
 
+@pytest.mark.sandbox_shared
 def test_script_without_key_stops_at_once(sandbox, tmp_path, cli, clean_env):
     """A rendered script submitted by hand, without a key, fails before Ray starts."""
     script = cli("render", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}", env=clean_env)
@@ -164,6 +172,7 @@ def test_script_without_key_stops_at_once(sandbox, tmp_path, cli, clean_env):
     assert "phase nodes" not in out  # stopped before touching the nodes
 
 
+@pytest.mark.sandbox_shared
 def test_wait_shows_training_progress_live_on_a_terminal(sandbox, wandb_key, tmp_path):
     """verl's step out of its total, the time per step and an ETA, from the driver's log (the
     payload prints them with verl's own console logger); on a terminal one line, rewritten."""
@@ -196,6 +205,7 @@ def test_wait_shows_training_progress_live_on_a_terminal(sandbox, wandb_key, tmp
     assert "\r\x1b[K" in text and "COMPLETED exit code 0:0" in text
 
 
+@pytest.mark.sandbox_shared
 def test_a_gpu_type_is_asked_for_as_slurm_knows_it(cli, sandbox, clean_env, tmp_path):
     """cluster.gpu_type: the sandbox's GPUs have a gres type (simgpu), as real clusters' do; a
     typed request runs, and a type the cluster lacks is refused by sbatch (exit 1, its words)."""

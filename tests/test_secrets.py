@@ -163,6 +163,7 @@ def _all_cmdlines() -> str:
     return "\n".join(out)
 
 
+@pytest.mark.sandbox_shared
 def test_key_is_only_in_the_environment_while_the_job_runs(cli, sandbox, clean_env, tmp_path, wandb_key):
     proc = cli("submit", DEMO, f"runtime.python={sys.executable}", f"paths.runs={tmp_path / 'runs'}",
                "verl.overrides.demo.hold=8", "--json", env=sandbox.env(clean_env))
@@ -193,6 +194,7 @@ def _hostile(marker: Path) -> st.SearchStrategy:
         lambda s: "\x00" not in s and s.strip() != "???" and "\\${" not in s and not s.endswith("\\"))
 
 
+@pytest.mark.sandbox_shared
 @settings(max_examples=2, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())

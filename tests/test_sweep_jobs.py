@@ -44,6 +44,7 @@ def _until_gone(sandbox, array: str, timeout: float = 240) -> int:
     return most
 
 
+@pytest.mark.sandbox_shared
 def test_a_sweep_is_one_array_with_its_own_values_names_and_ports_per_point(cli, sandbox, env, tmp_path,
                                                                           monkeypatch):
     # submitted through the Python API (launcher.sweep: what `submit -m` calls), then read back

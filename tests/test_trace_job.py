@@ -83,6 +83,7 @@ def test_every_node_traces_to_weave_with_the_key_project_and_attributes(cli, san
     assert online.returncode == 2 and "the run logged to W&B online" in online.stderr, online.stderr
 
 
+@pytest.mark.sandbox_shared
 def test_an_unanswering_wandb_fails_the_job_fast_and_says_why(cli, sandbox, clean_env, tmp_path, wandb_key):
     with StandIn(host=BRIDGE, api_key=wandb_key, mode="silent") as w:
         info = _submit(cli, sandbox, clean_env, tmp_path, w.url)
@@ -97,6 +98,7 @@ def test_an_unanswering_wandb_fails_the_job_fast_and_says_why(cli, sandbox, clea
     assert never.returncode == 2 and "the run never logged to W&B: no offline-run-" in never.stderr, never.stderr
 
 
+@pytest.mark.sandbox_shared
 def test_an_unanswering_wandb_can_disable_tracing_instead_and_sync_sends_the_metrics_later(
         cli, sandbox, clean_env, tmp_path, wandb_key, monkeypatch):
     """W&B silent at the job's start: tracing is disabled and verl's W&B metrics stay offline in the
