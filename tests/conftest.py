@@ -337,6 +337,13 @@ class Sandbox:
                 return tok.split("=", 1)[1]
         return ""
 
+    def nodes(self, job_id: str) -> list:
+        """The nodes Slurm gave the job, the head first: a test that shares the sandbox with
+        another's job cannot assume node1 and node2."""
+        nodelist = self.job_field(job_id, "NodeList")
+        assert nodelist and nodelist != "(null)", f"job {job_id} has no nodes"
+        return self.run("scontrol", "show", "hostnames", nodelist).stdout.split()
+
     def wait(self, job_id: str, timeout: float = 180) -> str:
         """Wait for a terminal state; fail fast on a job that can never be scheduled."""
         deadline = time.monotonic() + timeout

@@ -103,6 +103,7 @@ def test_scancel_mid_run_leaves_no_ray_process(cli, sandbox, clean_env, tmp_path
     assert sandbox.wait(info["job_id"], timeout=30) == "CANCELLED"
 
 
+@pytest.mark.sandbox_shared
 def test_what_outlives_ray_on_a_node_is_killed_before_the_job_ends(cli, sandbox, clean_env, tmp_path):
     """A process a Ray worker started, that ignores SIGTERM and outlives the raylet, escapes
     Slurm's process tracking here (proctrack/linuxproc): the node's Ray step kills it."""
@@ -110,11 +111,12 @@ def test_what_outlives_ray_on_a_node_is_killed_before_the_job_ends(cli, sandbox,
     assert sandbox.wait(info["job_id"]) == "COMPLETED"
     assert job_processes(info["job_id"]) == []  # checked at once: the job's end is the promise
     logs = Path(info["logs"])
-    for log in ("ray-head.r0.log", "ray-worker-node2.r0.log"):
+    for log in ("ray-head.r0.log", f"ray-worker-{sandbox.nodes(info['job_id'])[1]}.r0.log"):
         assert "killing what Ray left on node" in (logs / log).read_text(), log
     assert "left lingering processes" in Path(info["stdout"]).read_text()
 
 
+@pytest.mark.sandbox_shared
 @pytest.mark.parametrize("line, named, code", [
     ("source /nowhere/venv/bin/activate", "source /nowhere/venv/bin/activate", 1),  # the README's first run
     ("ls /nowhere hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", "ls /nowhere <redacted>", 2),  # never a credential
@@ -125,7 +127,8 @@ def test_a_failing_setup_line_is_named_in_status(cli, sandbox, clean_env, tmp_pa
     info = submit(cli, sandbox, clean_env, tmp_path, f"runtime.setup=['export A=1', '{line}', 'export B=2']")
     assert sandbox.wait(info["job_id"]) == "FAILED"
     st = json.loads(cli("status", info["job_id"], "--json", env=sandbox.env(clean_env)).stdout)
-    assert st["stopped"] == f"error: runtime.setup failed on node1: `{named}` exited {code} (bash's message is in the output)", st
+    head = sandbox.nodes(info["job_id"])[0]
+    assert st["stopped"] == f"error: runtime.setup failed on {head}: `{named}` exited {code} (bash's message is in the output)", st
     assert "/nowhere" in Path(info["stdout"]).read_text()  # bash's (or ls's) own message
     assert "hf_AbCd" not in Path(info["phases"]).read_text()
     assert not job_processes(info["job_id"])

@@ -26,6 +26,7 @@ def _submit(cli, env, tmp_path, *overrides):
                            f"paths.runs={tmp_path / 'runs'}", "wandb.entity=team", *overrides, "--json", env=env))
 
 
+@pytest.mark.sandbox_shared
 def test_list_status_logs_and_cancel(cli, sandbox, env, tmp_path):
     a = _submit(cli, env, tmp_path)
     # as a person submits: the plain output names the job and the commands to follow it
@@ -53,9 +54,12 @@ def test_list_status_logs_and_cancel(cli, sandbox, env, tmp_path):
     assert json.loads(cli("status", a["run_dir"], "--json", env=env).stdout)["job_id"] == a["job_id"]
     driver = cli("logs", a["job_id"], "--driver", env=env)
     assert "verl-launch sandbox demo" in driver.stdout
-    assert "169.254.77.12" in cli("logs", a["job_id"], "--node", "node2", env=env).stdout  # its own address
+    # the other node's own log: its own address (Slurm's NodeAddr for it)
+    nodes = sandbox.nodes(a["job_id"])  # the head first: another test's job may hold node1
+    addr = re.search(r"\bNodeAddr=(\S+)", sandbox.run("scontrol", "show", "node", nodes[1]).stdout).group(1)
+    assert addr.startswith("169.254.77.") and addr in cli("logs", a["job_id"], "--node", nodes[1], env=env).stdout
     typo = cli("logs", a["job_id"], "--node", "node9", env=env)  # not the head's log: an error
-    assert typo.returncode == 2 and "ran on node1, node2" in typo.stderr and not typo.stdout, typo.stderr
+    assert typo.returncode == 2 and f"ran on {', '.join(nodes)}" in typo.stderr and not typo.stdout, typo.stderr
     rows = json.loads(cli("list", "--json", env=env).stdout)
     assert [r["job_id"] for r in rows] == [b["job_id"], a["job_id"]]
     assert rows[0]["name"] == "long-one" and rows[0]["state"] in ("PENDING", "RUNNING")

@@ -11,6 +11,7 @@ import secrets
 import sys
 from pathlib import Path
 
+import pytest
 
 from conftest import RECIPES, submit_json
 from sandbox_procs import job_processes
@@ -27,6 +28,7 @@ def _run(cli, sandbox, clean_env, tmp_path, *overrides) -> dict:
     info["phases"] = [json.loads(x) for x in Path(info["run_dir"], "phases.jsonl").read_text().splitlines()]
     info["out"] = Path(info["stdout"]).read_text()
     info["status"] = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
+    info["nodes"] = sandbox.nodes(info["job_id"])  # the head first: another test's job may hold node1
     return info
 
 
@@ -42,21 +44,31 @@ def _refused(info) -> str:
     return why
 
 
+# runtime.setup, on the job's Nth node only (0: the head), by Slurm's own list of the job's nodes:
+# the test cannot know beforehand which nodes its job will get. (Not SLURM_NODEID: it counts the
+# step's nodes, and the Ray workers' step, which starts beside the check, begins at the second.)
+def _on_node(n: int, cmd: str) -> str:
+    return (f"""runtime.setup=['[ "$SLURMD_NODENAME" != "$(scontrol show hostnames "$SLURM_JOB_NODELIST" """
+            f"""| sed -n {n + 1}p)" ] || {cmd}']""")
+
+
+@pytest.mark.sandbox_shared
 def test_data_staged_on_the_head_node_only_is_caught_on_the_other(cli, sandbox, clean_env, tmp_path):
     name = f"train-{secrets.token_hex(4)}.parquet"
-    made = sandbox.run("srun", "-w", "node1", "-N1", "bash", "-c", f"echo data > {NODE_LOCAL}/{name}")
-    assert made.returncode == 0, made.stderr
-    why = _refused(_run(cli, sandbox, clean_env, tmp_path, f"verl.overrides.data.train_files={NODE_LOCAL}/{name}",
-                        "verl.overrides.data.val_files=/no/such/dir/test.parquet"))
-    assert f"node2: data.train_files: {NODE_LOCAL}/{name}: not found on this node" in why
-    assert "node1: data.val_files: /no/such/dir/test.parquet: not found on this node" in why
-    assert "node1: data.train_files" not in why  # the head node has it
+    info = _run(cli, sandbox, clean_env, tmp_path, f"verl.overrides.data.train_files={NODE_LOCAL}/{name}",
+                "verl.overrides.data.val_files=/no/such/dir/test.parquet", _on_node(0, f"echo data > {NODE_LOCAL}/{name}"))
+    why, (head, other) = _refused(info), info["nodes"]
+    assert f"{other}: data.train_files: {NODE_LOCAL}/{name}: not found on this node" in why
+    assert f"{head}: data.val_files: /no/such/dir/test.parquet: not found on this node" in why
+    assert f"{head}: data.train_files" not in why  # the head node has it
 
 
 def test_a_container_image_one_node_cannot_see_fails_before_ray_naming_it(cli, sandbox, clean_env, tmp_path):
     """A squashfs container.image on node1's local disk only: the job looks for it on every node,
     on the host, before any step runs in the image (the sandbox has no pyxis: a step in the
-    image would fail in srun's words), and names node2 and the path; check only warns here."""
+    image would fail in srun's words), and names node2 and the path; check only warns here.
+    Serial: the image is staged on node1 before the job, which must get node1 and node2 (with a
+    container, runtime.setup runs in the image's steps only, after this check: it cannot stage it)."""
     image = NODE_LOCAL / f"verl-{secrets.token_hex(4)}.sqsh"
     made = sandbox.run("srun", "-w", "node1", "-N1", "bash", "-c", f"echo squashfs > {image}")
     assert made.returncode == 0, made.stderr
@@ -69,40 +81,43 @@ def test_a_container_image_one_node_cannot_see_fails_before_ray_naming_it(cli, s
     assert f"container.image {image}" in [p["detail"] for p in info["phases"] if p["phase"] == "inputs-check"]
 
 
+@pytest.mark.sandbox_shared
 def test_a_node_local_checkpoint_dir_is_caught_and_the_check_can_be_turned_off(cli, sandbox, clean_env, tmp_path):
     ckpt = NODE_LOCAL / f"ckpt-{secrets.token_hex(4)}"
     info = _run(cli, sandbox, clean_env, tmp_path, f"verl.overrides.trainer.default_local_dir={ckpt}")
-    why = _refused(info)
-    # Only node2 failed it: the failure is put down to node2 (excluded if the job requeued).
+    why, (head, other) = _refused(info), info["nodes"]
+    # Only the other node failed it: the failure is put down to it (excluded if the job requeued).
     assert [p["detail"][:60] for p in info["phases"] if p["phase"] == "bad-node"] == [
-        f"node2: inputs-check: node2: trainer.default_local_dir: {ckpt}"[:60]]
-    assert info["status"]["bad_nodes"][0]["node"] == "node2"
-    assert why.startswith(f"allocation check: node2: trainer.default_local_dir: {ckpt}: not the storage the head "
+        f"{other}: inputs-check: {other}: trainer.default_local_dir: {ckpt}"[:60]]
+    assert info["status"]["bad_nodes"][0]["node"] == other
+    assert why.startswith(f"allocation check: {other}: trainer.default_local_dir: {ckpt}: not the storage the head "
                           "node writes to"), why
-    assert "node1:" not in why
+    assert f"{head}:" not in why
     off = _run(cli, sandbox, clean_env, tmp_path, f"verl.overrides.trainer.default_local_dir={ckpt}",
                "node_checks.shared_storage=false")
     assert off["state"] == "COMPLETED", off["out"][-2000:]
     assert "inputs-check" in [p["phase"] for p in off["phases"]]  # the other checks still ran
 
 
+@pytest.mark.sandbox_shared
 def test_a_node_with_a_gpu_gone_is_caught(cli, sandbox, clean_env, tmp_path):
-    """node2's nvidia-smi lists one GPU where Slurm gave two (one fell off the bus)."""
+    """The second node's nvidia-smi lists one GPU where Slurm gave two (one fell off the bus)."""
     fake = tmp_path / "fakebin"
     fake.mkdir()
     (fake / "nvidia-smi").write_text('#!/bin/sh\n[ "$1" = -L ] && echo "GPU 0: NVIDIA H100 (UUID: GPU-fake-0)"\n')
     (fake / "nvidia-smi").chmod(0o755)
-    why = _refused(_run(cli, sandbox, clean_env, tmp_path,
-                        f"runtime.setup=['[[ $(hostname) != node2 ]] || export PATH={fake}:$PATH']"))
-    assert why.startswith("allocation check: node2: cluster.gpus_per_node: CUDA_VISIBLE_DEVICES: "
+    info = _run(cli, sandbox, clean_env, tmp_path, _on_node(1, f"export PATH={fake}:$PATH"))
+    why = _refused(info)
+    assert why.startswith(f"allocation check: {info['nodes'][1]}: cluster.gpus_per_node: CUDA_VISIBLE_DEVICES: "
                           "1 GPU(s) usable here (nvidia-smi lists 1), Slurm gave 2"), why
 
 
+@pytest.mark.sandbox_shared
 def test_too_little_free_disk_is_caught(cli, sandbox, clean_env, tmp_path):
     info = _run(cli, sandbox, clean_env, tmp_path, "node_checks.min_free_gb=1000000")
     why = _refused(info)
     assert info["status"]["bad_nodes"] == []  # every node: the recipe's doing, not a node's
-    assert "node1: node_checks.min_free_gb: " in why and "GB free, below 1000000 GB" in why
+    assert f"{info['nodes'][0]}: node_checks.min_free_gb: " in why and "GB free, below 1000000 GB" in why
 
 
 def test_a_node_whose_setup_fails_is_named(cli, sandbox, clean_env, tmp_path):
@@ -113,6 +128,7 @@ def test_a_node_whose_setup_fails_is_named(cli, sandbox, clean_env, tmp_path):
     assert "no venv here" in info["out"]
 
 
+@pytest.mark.sandbox_shared
 def test_a_verl_on_the_nodes_other_than_the_recipes_fails_the_job_naming_both(cli, sandbox, clean_env, tmp_path):
     """What the nodes' Python finds as verl (in the container, when there is one) against the
     recipe's verl.version: here a verl 0.8.5 first on the nodes' PYTHONPATH (runtime.setup: the
@@ -130,6 +146,6 @@ def test_a_verl_on_the_nodes_other_than_the_recipes_fails_the_job_naming_both(cl
     info["out"] = Path(info["stdout"]).read_text()
     info["status"] = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
     why = _refused(info)
-    for node in ("node1", "node2"):
+    for node in sandbox.nodes(info["job_id"]):
         assert f"{node}: verl.version: {site}/verl/__init__.py: this node's verl is 0.8.5, the recipe runs verl 0.9.1" in why, why
-    assert "; node2: " in why  # one problem after another, readably
+    assert f"; {sandbox.nodes(info['job_id'])[1]}: " in why  # one problem after another, readably

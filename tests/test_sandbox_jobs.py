@@ -53,9 +53,7 @@ def test_two_node_job_completes_with_ray_on_both_nodes(demo_job, wandb_key, sand
     assert not workers.exists() or "error" not in workers.read_text(), workers.read_text()
     report = json.loads((Path(info["run_dir"]) / "demo-report.r0.json").read_text())
     hosts = [n["hostname"] for n in report["nodes"]]
-    # the nodes Slurm gave the job, the head first (it may share them with another test's job)
-    nodelist = re.search(r"\bNodeList=(\S+)", scontrol).group(1)
-    given = sandbox.run("scontrol", "show", "hostnames", nodelist).stdout.split()
+    given = sandbox.nodes(info["job_id"])  # the head first (another test's job may hold node1)
     assert len(given) == 2 and hosts == given, (report["nodes"], given)
     ips = {n["ip"] for n in report["nodes"]}
     assert len(ips) == 2 and not any(ip.startswith("127.") for ip in ips)
@@ -96,6 +94,7 @@ def test_key_is_nowhere_on_disk_or_in_slurm(demo_job, wandb_key):
     assert run_dir.stat().st_mode & 0o077 == 0
 
 
+@pytest.mark.sandbox_shared
 def test_failing_entrypoint_fails_the_job_with_its_exit_code_and_keeps_each_nodes_logs(cli, sandbox, clean_env,
                                                                                        tmp_path):
     info = _submit(cli, sandbox, clean_env, tmp_path, "+verl.overrides.demo.exit_code=7")
@@ -106,7 +105,7 @@ def test_failing_entrypoint_fails_the_job_with_its_exit_code_and_keeps_each_node
     assert "phase teardown (rc=7)" in out
     logs = Path(info["logs"])
     assert (logs / "ray-head.r0.log").stat().st_size > 0
-    assert (logs / "ray-worker-node2.r0.log").stat().st_size > 0
+    assert (logs / f"ray-worker-{sandbox.nodes(info['job_id'])[1]}.r0.log").stat().st_size > 0
     assert "exiting 7 as asked" in out and "exiting 7 as asked" in (logs / "driver.r0.log").read_text()
     assert not job_processes(info["job_id"])
 
@@ -137,6 +136,7 @@ def test_key_from_a_file_read_inside_the_job(demo_job, wandb_key):
     assert wandb_key not in script and re.search(r"^ *KEY_FILE=\S+/wandb\.key$", script, re.M)
 
 
+@pytest.mark.sandbox_shared
 def test_a_ray_token_gone_before_ray_starts_fails_the_job_at_once_naming_it(cli, sandbox, clean_env, tmp_path):
     """The job's Ray token emptied after the job wrote it (here by runtime.setup, which runs before
     Ray on the head): the job stops before Ray starts, naming the file and the fix, rather than
@@ -149,7 +149,7 @@ def test_a_ray_token_gone_before_ray_starts_fails_the_job_at_once_naming_it(cli,
     assert "head-up" not in [p["phase"] for p in phases]
     [why] = [p["detail"] for p in phases if p["phase"] == "error"]
     token = f"{info['run_dir']}/.ray-token.r0"
-    assert why.startswith(f"the job's Ray token {token} is missing or empty on node1: the run directory must be"), why
+    assert why.startswith(f"the job's Ray token {token} is missing or empty on {sandbox.nodes(info['job_id'])[0]}: the run directory must be"), why
     assert not Path(token).exists()  # the teardown removed it
 
 
