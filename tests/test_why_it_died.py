@@ -1,10 +1,10 @@
-"""Why a run died (issue 65), on the real sandbox with the demo driver: an actor on node2 that
+"""Why a run died (issue 65), on the real sandbox with the demo driver: an actor on the second node that
 the driver waits on dies (demo.actor_fault) of a segfault in native code, of its loader thread's
 exception (the process then exits), or of a SIGKILL from another process (as the kernel's OOM
 killer sends it). The driver fails with Ray's ActorDiedError, which says none of that. The job
 must name the first process that died (class, node, pid) in the words its own log ends with,
 keep that log in the run dir (bounded) after the teardown removed Ray's temp dirs, and blame no
-node: node2 was healthy. With cluster.requeue, a crash requeues the run on every node."""
+node: that node was healthy. With cluster.requeue, a crash requeues the run on every node."""
 
 from __future__ import annotations
 
@@ -28,28 +28,31 @@ FAULTS = {
 KEPT_MAX = 65536  # bytes of each kept log (launcher/core/render.py LAST_WORDS_BYTES)
 
 
-def _first_death(info, kind: str, restart: int = 0) -> str:
-    """The run's first-death phase names RolloutShard on node2 in KIND's words; its logs kept,
-    bounded; no node blamed. Its detail."""
+def _first_death(info, kind: str, nodes: list, restart: int = 0) -> str:
+    """The run's first-death phase names RolloutShard on the job's second node (NODES: the nodes
+    Slurm gave it, the head first) in KIND's words; its logs kept, bounded; no node blamed. Its
+    detail."""
+    head, other = nodes
     first = [p for p in _phases(info) if p["phase"] == "first-death" and p.get("restart", 0) == restart]
     assert len(first) == 1, Path(info["stdout"]).read_text()[-3000:]
     said = first[0]["detail"]
     print(f"\n{kind}: first-death: {said}")
-    assert re.match(rf"Ray actor RolloutShard on node2 \(pid \d+\) died first: {FAULTS[kind]}", said), said
+    assert re.match(rf"Ray actor RolloutShard on {other} \(pid \d+\) died first: {FAULTS[kind]}", said), said
     assert "ActorDiedError" in Path(info["run_dir"], "logs", f"driver.r{restart}.log").read_text()  # all the driver knew
-    assert not any(p["phase"] in ("bad-node", "exclude") for p in _phases(info))  # node2 was healthy
-    kept = sorted(Path(info["run_dir"], "logs", f"last-words.r{restart}", "node2").glob("*"))
+    assert not any(p["phase"] in ("bad-node", "exclude") for p in _phases(info))  # that node was healthy
+    kept = sorted(Path(info["run_dir"], "logs", f"last-words.r{restart}", other).glob("*"))
     sizes = {f.name: f.stat().st_size for f in kept}
-    print(f"kept on node2: {sizes}")
+    print(f"kept on {other}: {sizes}")
     assert kept and all(n <= KEPT_MAX for n in sizes.values()), sizes  # 3 MiB of garbage in the segv's
     assert any(re.fullmatch(r"worker-[0-9a-f]+-[0-9a-f]+-\d+\.err", n) for n in sizes), sizes
     if kind != "sigkill":
         log = re.search(r"; its log: (\S+)", said).group(1)
         assert Path(info["run_dir"], log).is_file() and re.search(r"-\d+\.err$", log), said
-    assert not Path(info["run_dir"], "logs", f"last-words.r{restart}", "node1").exists()  # nothing died there
+    assert not Path(info["run_dir"], "logs", f"last-words.r{restart}", head).exists()  # nothing died there
     return said
 
 
+@pytest.mark.sandbox_shared
 @pytest.mark.parametrize("kind", ["segv", "sigkill"])  # a thread's exception: the requeue test's
 def test_a_crash_is_named_in_the_dead_processs_words_its_log_kept_and_no_node_blamed(cli, sandbox, clean_env,
                                                                                       tmp_path, kind, monkeypatch):
@@ -57,7 +60,7 @@ def test_a_crash_is_named_in_the_dead_processs_words_its_log_kept_and_no_node_bl
     info, env = _submit(cli, sandbox, clean_env, tmp_path, f"+verl.overrides.demo.actor_fault={kind}", *noise)
     state = sandbox.wait(info["job_id"], timeout=180)
     assert state == "FAILED", Path(info["stdout"]).read_text()[-3000:]
-    said = _first_death(info, kind)
+    said = _first_death(info, kind, sandbox.nodes(info["job_id"]))
     assert "requeue" not in [p["phase"] for p in _phases(info)]  # no cluster.requeue
     st = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
     assert st["stopped"] == f"first-death: {said}" and st["bad_nodes"] == [], st
@@ -83,7 +86,7 @@ def test_with_requeue_a_crash_requeues_the_run_on_every_node(cli, sandbox, clean
         assert ("first-death", 0) in names and ("requeue", 0) in names, names
         assert ("first-death", 1) in names and ("requeue", 1) not in names, names  # cluster.max_restarts=1
         for restart in (0, 1):
-            _first_death(info, "thread", restart)
+            _first_death(info, "thread", sandbox.nodes(job), restart)
         assert sandbox.job_field(job, "ExcNodeList") in ("(null)", "")
     finally:
         sandbox.run("scancel", job)
