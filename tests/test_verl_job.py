@@ -363,6 +363,7 @@ def test_slurm_sets_other_vendors_gpu_variables_and_the_job_clears_them(cli, san
         assert [v for k, v in e.items() if k != "CUDA_VISIBLE_DEVICES" and v is not None] == [], e
 
 
+@pytest.mark.sandbox_shared  # a demo job: its bound (60 s against the 600 s it would take) holds beside another
 def test_work_no_node_can_hold_fails_at_once_with_the_field_to_change(cli, sandbox, clean_env, tmp_path):
     env = sandbox.env(dict(clean_env, VERL_LAUNCH_STATE=str(tmp_path / "state")))
     info = submit_json(cli("submit", RECIPES / "sandbox-demo.yaml", f"runtime.python={sys.executable}",
