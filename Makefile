@@ -46,11 +46,12 @@ system-deps:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-# Everything, in four runs: the quick tier (verl kept out, as in test-quick) on 2 workers; the verl
+# Everything, in five runs: the quick tier (verl kept out, as in test-quick) on 2 workers; the verl
 # tier and the training tests that use no Slurm (the V1 local run, the node environment's and the
 # tool model's probes, verl's command lines) on 2 workers, test by test (each probe a session
-# fixture: a worker runs it once); then the sandbox tests in one process
-# (beside a second worker the sandbox's timing-sensitive tests failed on 2 cores), then the tests
+# fixture: a worker runs it once); then the sandbox tests marked sandbox_shared two at a time (their
+# jobs name no node and train nothing: a demo job mostly waits), the other sandbox tests in one
+# process (beside a second worker the sandbox's timing-sensitive tests failed on 2 cores), then the tests
 # that read accounting, with slurmdbd (once: of them only the `jobcomp` one also runs in the third
 # run, against Slurm's job-completion log, the fallback without slurmdbd). Each run goes on after
 # another fails, so that one report names every failure. docs/testing.md: the tiers, which
