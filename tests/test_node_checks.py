@@ -145,7 +145,7 @@ def test_a_verl_on_the_nodes_other_than_the_recipes_fails_the_job_naming_both(cl
     info["phases"] = [json.loads(x) for x in Path(info["run_dir"], "phases.jsonl").read_text().splitlines()]
     info["out"] = Path(info["stdout"]).read_text()
     info["status"] = json.loads(cli("status", info["job_id"], "--json", env=env).stdout)
-    why = _refused(info)
-    for node in sandbox.nodes(info["job_id"]):
+    why, nodes = _refused(info), sandbox.nodes(info["job_id"])
+    for node in nodes:
         assert f"{node}: verl.version: {site}/verl/__init__.py: this node's verl is 0.8.5, the recipe runs verl 0.9.1" in why, why
-    assert f"; {sandbox.nodes(info['job_id'])[1]}: " in why  # one problem after another, readably
+    assert f"; {nodes[1]}: " in why  # one problem after another, readably
